@@ -1,0 +1,396 @@
+"""Train the shipped reference model `builtin:tiny-structured` on generated structured samples.
+
+Writes a directory that `transformers.AutoModelForCausalLM.from_pretrained(dir)` and
+`AutoTokenizer.from_pretrained(dir)` load with no network:
+
+  tokenizer  byte-level BPE (`tokenizers`), ~1024 tokens incl. <s> </s> <pad>; every whitespace
+             character is its own token and the tokenizer prepends <s>, so a prompt's last token
+             ("A" ":") is followed by a lone " " and the answer's tokens match the record's tokens
+             (copying is what the tasks need). Any UTF-8 text round-trips.
+  model      LlamaForCausalLM, multi-head attention (kv heads == heads), fp32 safetensors < 16 MB.
+  training   AdamW, linear warm-up then cosine decay; every step a fresh batch of samples from
+             generator seed 1000 + 1_000_000 * --seed + step (evaluation uses seeds 0 and 7);
+             sequence = <s> prompt " " answer </s>; loss on every token, answer tokens weighted
+             x --answer-weight.
+
+Time-budgeted: `--minutes M` trains until the budget is spent (the step count is estimated from the
+measured step time and re-estimated at each evaluation, so the LR schedule ends near the budget;
+`--steps N` fixes it for a bit-reproducible run). Every `--eval-minutes` it measures greedy exact
+match on 200 held-out samples (seed 0) and saves the checkpoint, replacing the output directory
+by rename, so a usable model exists early. `training.json` beside the weights records steps,
+tokens seen, loss, exact match (overall and per task), parameter count, wall time, command line.
+
+    python3 scripts/train_reference_model.py --minutes 3
+    nohup python3 scripts/train_reference_model.py --minutes 70 > /tmp/train_ref.log 2>&1 &
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "src"))
+
+from variantlab.data.structured import TASKS, generate_samples  # noqa: E402
+
+DEFAULT_OUT = REPO_ROOT / "src" / "variantlab" / "models" / "tiny_structured"
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+TOKENIZER_SEED = 999          # generator seed of the tokenizer's training text
+EVAL_SEEDS = (0, 7)           # 0 is the benchmark suite's seed; never used for training
+MAX_NEW_TOKENS = 24
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+
+def train_tokenizer(vocab_size: int, n_texts: int = 20_000) -> Tokenizer:
+    """Byte-level BPE over generated samples; whitespace characters stay single tokens."""
+    texts = [s["prompt"] + " " + s["answer"] for s in generate_samples(n_texts, TOKENIZER_SEED)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS, PAD],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    bos_id = tokenizer.token_to_id(BOS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+    return tokenizer
+
+
+def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS,
+                                   pad_token=PAD, model_max_length=512, padding_side="left",
+                                   clean_up_tokenization_spaces=False)
+
+
+# --- model -----------------------------------------------------------------------------------
+
+def make_model(args: argparse.Namespace, tokenizer: Tokenizer) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=args.hidden,
+        intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, num_key_value_heads=args.heads,
+        max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=tokenizer.token_to_id(BOS), eos_token_id=tokenizer.token_to_id(EOS),
+        pad_token_id=tokenizer.token_to_id(PAD))
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id, do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+    return model
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- batches ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Batch:
+    inputs: torch.Tensor      # (B, T) token ids, right-padded
+    targets: torch.Tensor     # (B, T) next token ids
+    weights: torch.Tensor     # (B, T) loss weight per target: 0 pad, 1 prompt, w answer + eos
+    mask: torch.Tensor        # (B, T) 1 where the input is a real token
+    answer_mask: torch.Tensor  # (B, T) True where the target is an answer token or eos
+
+
+def encode_pairs(tokenizer: Tokenizer, samples: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, " answer" ids) per sample, without specials. Split = joint tokenization."""
+    prompts = tokenizer.encode_batch([s["prompt"] for s in samples], add_special_tokens=False)
+    answers = tokenizer.encode_batch([" " + s["answer"] for s in samples],
+                                     add_special_tokens=False)
+    return [(p.ids, a.ids) for p, a in zip(prompts, answers)]
+
+
+def make_batch(pairs: list[tuple[list[int], list[int]]], ids: dict[str, int],
+               answer_weight: float) -> Batch:
+    rows = [[ids[BOS], *p, *a, ids[EOS]] for p, a in pairs]
+    length = max(len(r) for r in rows) - 1
+    inputs = torch.full((len(rows), length), ids[PAD], dtype=torch.long)
+    targets = torch.full((len(rows), length), ids[PAD], dtype=torch.long)
+    weights = torch.zeros((len(rows), length))
+    answer_mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    for i, ((prompt, _), row) in enumerate(zip(pairs, rows)):
+        n = len(row) - 1
+        inputs[i, :n] = torch.tensor(row[:-1])
+        targets[i, :n] = torch.tensor(row[1:])
+        weights[i, :n] = 1.0
+        answer_start = len(prompt)  # target index of the first answer token (the lone " ")
+        weights[i, answer_start:n] = answer_weight
+        answer_mask[i, answer_start:n] = True
+    mask = (weights > 0).long()
+    return Batch(inputs, targets, weights, mask, answer_mask)
+
+
+def training_samples(seed: int, step: int, batch_size: int) -> list[dict]:
+    return generate_samples(batch_size, 1000 + 1_000_000 * seed + step)
+
+
+def batch_losses(model: LlamaForCausalLM, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss to optimise, plain mean loss over answer tokens)."""
+    # Right padding: pads come after every real token, so the causal mask alone keeps them out
+    # of every weighted position (and lets SDPA take its is_causal path).
+    logits = model(input_ids=batch.inputs).logits
+    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1),
+                                reduction="none").view_as(batch.weights)
+    weighted = (per_token * batch.weights).sum() / batch.weights.sum()
+    answer = per_token[batch.answer_mask].mean()
+    return weighted, answer
+
+
+def learning_rate(step: int, total_steps: int, peak: float, warmup: int) -> float:
+    """Linear warm-up to `peak`, then cosine decay to peak / 10 at `total_steps`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+def newline_token_ids(tokenizer: Tokenizer) -> set[int]:
+    return {i for i in range(tokenizer.get_vocab_size()) if "\n" in tokenizer.decode([i])}
+
+
+@torch.no_grad()
+def greedy_answer(model: LlamaForCausalLM, prompt_ids: list[int], eos_id: int,
+                  stop_ids: set[int]) -> list[int]:
+    """Greedy decode with the KV cache: up to 24 new tokens, stop at eos or a newline token."""
+    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
+    generated: list[int] = []
+    for _ in range(MAX_NEW_TOKENS):
+        next_id = int(out.logits[0, -1].argmax())
+        if next_id == eos_id or next_id in stop_ids:
+            break
+        generated.append(next_id)
+        out = model(input_ids=torch.tensor([[next_id]]), past_key_values=out.past_key_values,
+                    use_cache=True)
+    return generated
+
+
+def exact_match(model: LlamaForCausalLM, tokenizer: Tokenizer, samples: list[dict]) -> dict:
+    """Share of samples whose greedy answer, stripped, equals the ground truth; also per task."""
+    model.eval()
+    bos_id, eos_id = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    stop_ids = newline_token_ids(tokenizer)
+    hits = {task: [] for task in TASKS}
+    for sample in samples:
+        prompt_ids = [bos_id, *tokenizer.encode(sample["prompt"], add_special_tokens=False).ids]
+        answer_ids = greedy_answer(model, prompt_ids, eos_id, stop_ids)
+        hits[sample["task"]].append(tokenizer.decode(answer_ids).strip() == sample["answer"])
+    model.train()
+    every = [h for task_hits in hits.values() for h in task_hits]
+    return {"overall": round(sum(every) / len(every), 4), "n": len(every),
+            "per_task": {t: round(sum(h) / len(h), 4) if h else None for t, h in hits.items()}}
+
+
+# --- saving ----------------------------------------------------------------------------------
+
+def save_atomically(out: Path, model: LlamaForCausalLM, tokenizer: Tokenizer,
+                    report: dict) -> None:
+    """Write everything to a sibling temp dir, then swap it in with two renames."""
+    tmp, old = out.with_name(f".{out.name}.tmp"), out.with_name(f".{out.name}.old")
+    for stale in (tmp, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    wrap_tokenizer(tokenizer).save_pretrained(tmp)
+    # transformers 5 keeps special tokens in tokenizer_config.json; older loaders read this file.
+    special = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    (tmp / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    (tmp / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    for path in tmp.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600; the package ships these files
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# --- threads ---------------------------------------------------------------------------------
+
+class ThreadPicker:
+    """Every `cycle` steps, time `probe` steps at each thread count, then run the fastest.
+
+    On a shared 2-core machine a second OpenMP thread halves the step time when the other core is
+    idle and makes it several times slower when another process holds that core (every parallel
+    region waits at a barrier for a descheduled thread), so the choice is re-measured, not fixed.
+    """
+
+    def __init__(self, choices: tuple[int, ...], cycle: int = 200, probe: int = 4) -> None:
+        self.choices, self.cycle, self.probe = choices, cycle, probe
+        self.timings: dict[int, list[float]] = {n: [] for n in choices}
+        self.best = choices[-1]
+
+    def threads_for(self, step: int) -> int:
+        slot = (step % self.cycle) // self.probe
+        if len(self.choices) > 1 and slot < len(self.choices):
+            return self.choices[slot]
+        return self.best
+
+    def record(self, step: int, threads: int, seconds_per_token: float) -> None:
+        slot = (step % self.cycle) // self.probe
+        if len(self.choices) == 1 or slot >= len(self.choices):
+            return
+        self.timings[threads].append(seconds_per_token)
+        if slot == len(self.choices) - 1 and (step + 1) % self.probe == 0:
+            medians = {n: sorted(t)[len(t) // 2] for n, t in self.timings.items()}
+            self.best = min(medians, key=medians.get)
+            self.timings = {n: [] for n in self.choices}
+
+
+# --- main loop -------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=70.0, help="wall-time budget")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="fixed step count (schedule no longer depends on timing)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup-steps", type=int, default=200)
+    parser.add_argument("--weight-decay", type=float, default=0.05)
+    parser.add_argument("--answer-weight", type=float, default=5.0)
+    parser.add_argument("--eval-minutes", type=float, default=None,
+                        help="minutes between evaluate+save (default min(5, minutes/3))")
+    parser.add_argument("--eval-samples", type=int, default=200)
+    parser.add_argument("--vocab-size", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--intermediate", type=int, default=688)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="most torch threads; 1..N are re-measured every 200 steps")
+    return parser.parse_args(argv)
+
+
+def estimate_total_steps(step: int, step_seconds: float, seconds_left: float) -> int:
+    return step + max(1, int(seconds_left / max(step_seconds, 1e-6)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    budget_s = args.minutes * 60
+    eval_every_s = 60 * (args.eval_minutes or min(5.0, max(0.5, args.minutes / 3)))
+
+    tokenizer = train_tokenizer(args.vocab_size)
+    ids = {name: tokenizer.token_to_id(name) for name in (BOS, EOS, PAD)}
+    model = make_model(args, tokenizer)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=args.lr, betas=(0.9, 0.95))
+    held_out = {seed: generate_samples(args.eval_samples, seed) for seed in EVAL_SEEDS}
+    print(f"tokenizer vocab {tokenizer.get_vocab_size()}, model params {parameter_count(model):,}, "
+          f"budget {args.minutes} min, eval every {eval_every_s / 60:.1f} min", flush=True)
+
+    step, tokens_seen, loss_ema, answer_ema = 0, 0, None, None
+    total_steps = args.steps or 10 ** 9
+    eval_seconds = 0.0                     # how long the last evaluate+save took
+    last_eval_at = time.perf_counter()
+    window_start, window_steps = time.perf_counter(), 0
+    history: list[dict] = []
+    thread_picker = ThreadPicker(tuple(range(1, args.threads + 1)))
+
+    def report(final: bool, em: dict) -> dict:
+        return {
+            "model": "builtin:tiny-structured", "final": final, "steps": step,
+            "planned_steps": total_steps, "tokens_seen": tokens_seen,
+            "final_loss": round(loss_ema, 4) if loss_ema is not None else None,
+            "final_answer_loss": round(answer_ema, 4) if answer_ema is not None else None,
+            "exact_match": em, "parameters": parameter_count(model),
+            "wall_time_s": round(time.perf_counter() - started, 1),
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "hyperparameters": {k: (str(v) if isinstance(v, Path) else v)
+                                for k, v in vars(args).items()},
+            "data": {"train_seeds": f"1000 + 1000000 * {args.seed} + step",
+                     "eval_seeds": list(EVAL_SEEDS), "eval_samples": args.eval_samples},
+            "torch": torch.__version__, "history": history,
+        }
+
+    def evaluate_and_save(final: bool) -> None:
+        nonlocal eval_seconds, last_eval_at
+        t0 = time.perf_counter()
+        seeds = EVAL_SEEDS if final else EVAL_SEEDS[:1]
+        em = {f"seed{s}": exact_match(model, tokenizer, held_out[s]) for s in seeds}
+        history.append({"step": step, "minutes": round((t0 - started) / 60, 2),
+                        "loss": round(loss_ema, 4), "answer_loss": round(answer_ema, 4),
+                        "exact_match_seed0": em["seed0"]["overall"]})
+        save_atomically(args.out, model, tokenizer, report(final, em))
+        eval_seconds = time.perf_counter() - t0
+        last_eval_at = time.perf_counter()
+        print(f"[eval] step {step} loss {loss_ema:.4f} answer {answer_ema:.4f} "
+              f"exact match {json.dumps(em)} ({eval_seconds:.1f}s) -> saved {args.out}",
+              flush=True)
+
+    while step < total_steps:
+        elapsed = time.perf_counter() - started
+        if elapsed + eval_seconds * 2 + 5 > budget_s and step > 0:
+            break
+        lr = learning_rate(step, total_steps, args.lr, min(args.warmup_steps,
+                                                           max(10, total_steps // 10)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        threads = thread_picker.threads_for(step)
+        torch.set_num_threads(threads)
+        step_started = time.perf_counter()
+        batch = make_batch(encode_pairs(tokenizer, training_samples(args.seed, step,
+                                                                    args.batch_size)),
+                           ids, args.answer_weight)
+        loss, answer_loss = batch_losses(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        thread_picker.record(step, threads,
+                             (time.perf_counter() - step_started) / int(batch.mask.sum()))
+        step += 1
+        window_steps += 1
+        tokens_seen += int(batch.mask.sum())
+        loss_value, answer_value = loss.item(), answer_loss.item()
+        loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
+        answer_ema = (answer_value if answer_ema is None
+                      else 0.95 * answer_ema + 0.05 * answer_value)
+        if step % 25 == 0:
+            print(f"step {step}/{total_steps} lr {lr:.2e} loss {loss_ema:.4f} "
+                  f"answer {answer_ema:.4f} threads {thread_picker.best} "
+                  f"{time.perf_counter() - started:.0f}s", flush=True)
+        if args.steps is None and (step == 20 or time.perf_counter() - last_eval_at > eval_every_s):
+            # Re-plan: steps that fit in the time left, after the evaluations still to come.
+            now = time.perf_counter()
+            step_seconds = (now - window_start) / window_steps
+            left = budget_s - (now - started)
+            evals_left = left / eval_every_s + 1
+            total_steps = estimate_total_steps(step, step_seconds,
+                                               left - evals_left * max(eval_seconds, 10.0))
+            window_start, window_steps = now, 0
+        if time.perf_counter() - last_eval_at > eval_every_s:
+            evaluate_and_save(final=False)
+            window_start, window_steps = time.perf_counter(), 0
+    evaluate_and_save(final=True)
+
+
+if __name__ == "__main__":
+    main()

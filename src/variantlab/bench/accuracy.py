@@ -1,0 +1,200 @@
+"""Accuracy of a variant: against the baseline's next-token distributions, and against ground truth.
+
+DESIGN.md, "Metric definitions": KLD (mean and p99 of KL(baseline || variant) per position),
+top-1 agreement, PPL ratio, task accuracy (exact match) and accuracy retention. Bits per byte
+compares variants whose tokenizers differ, where perplexities per token are not comparable.
+
+Inputs are teacher-forced next-token log-probabilities of shape (positions, vocab), numpy arrays
+or torch tensors (float32 usually; bf16 is widened), and target token ids of shape (positions,).
+Each row is renormalised with a log-softmax in float64 before use, so raw logits are accepted too
+and float32 rounding cannot make a KL negative by more than rounding. Large inputs are processed
+in chunks of rows so that the float64 copies stay small. Outputs are Python floats.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from variantlab.bench import stats
+
+_CHUNK_ELEMENTS = 1 << 22  # float64 values per working chunk (32 MiB)
+
+
+# --------------------------------------------------------------------------- array plumbing
+
+def _to_numpy(x: Any) -> np.ndarray:
+    """A numpy view of a numpy array or a (CPU or device) torch tensor, without importing torch."""
+    if hasattr(x, "detach"):
+        t = x.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16
+            t = t.float()
+        return t.numpy()
+    return np.asarray(x)
+
+
+def _logprob_matrix(x: Any, what: str) -> np.ndarray:
+    a = _to_numpy(x)
+    if a.ndim != 2:
+        raise ValueError(f"{what} must have shape (positions, vocab), got {a.shape}")
+    return a
+
+
+def _log_softmax64(chunk: np.ndarray, what: str) -> np.ndarray:
+    """Rows renormalised to log-probabilities, in float64; -inf entries stay -inf."""
+    a = chunk.astype(np.float64)
+    if np.isnan(a).any() or np.isposinf(a).any():
+        raise ValueError(f"{what} contains NaN or +inf")
+    top = a.max(axis=1, keepdims=True)
+    if np.isneginf(top).any():
+        raise ValueError(f"{what} has a row with every entry -inf (no token is possible)")
+    shifted = a - top
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def _row_chunks(n_rows: int, n_cols: int) -> Iterator[slice]:
+    rows = max(1, _CHUNK_ELEMENTS // max(1, n_cols))
+    for start in range(0, n_rows, rows):
+        yield slice(start, min(n_rows, start + rows))
+
+
+def _paired(base_logprobs: Any, var_logprobs: Any) -> tuple[np.ndarray, np.ndarray]:
+    base = _logprob_matrix(base_logprobs, "base_logprobs")
+    var = _logprob_matrix(var_logprobs, "var_logprobs")
+    if base.shape != var.shape:
+        raise ValueError(f"baseline and variant log-probabilities differ in shape: "
+                         f"{base.shape} vs {var.shape} (same text, same tokenizer required)")
+    return base, var
+
+
+# --------------------------------------------------------------------------- against the baseline
+
+def kl_divergence_per_position(base_logprobs: Any, var_logprobs: Any) -> np.ndarray:
+    """KL(baseline || variant) in nats at each position: sum_v p_b (log p_b - log p_v).
+
+    Tokens the baseline gives probability 0 (log-prob -inf, or exp underflowing to 0) contribute
+    0; a token the baseline allows and the variant rules out (-inf) makes that position +inf.
+    Tiny negative sums from rounding are clamped to 0. Returns float64 of shape (positions,).
+    """
+    base, var = _paired(base_logprobs, var_logprobs)
+    out = np.empty(base.shape[0], dtype=np.float64)
+    for rows in _row_chunks(*base.shape):
+        lb = _log_softmax64(base[rows], "base_logprobs")
+        lv = _log_softmax64(var[rows], "var_logprobs")
+        p = np.exp(lb)
+        with np.errstate(invalid="ignore"):  # -inf - -inf where p == 0; masked below
+            terms = np.where(p > 0.0, p * (lb - lv), 0.0)
+        out[rows] = np.maximum(terms.sum(axis=1), 0.0)
+    return out
+
+
+def kld_summary(base_logprobs: Any, var_logprobs: Any) -> dict[str, float]:
+    """{"mean": mean KL per position, "p99": its 99th percentile} in nats (DESIGN's KLD)."""
+    kl = kl_divergence_per_position(base_logprobs, var_logprobs)
+    if kl.size == 0:
+        raise ValueError("KLD needs at least one position")
+    if np.all(np.isfinite(kl)):
+        return {"mean": stats.mean(kl), "p99": stats.percentile(kl, 99.0)}
+    return {"mean": math.inf, "p99": _percentile_with_inf(kl, 99.0)}
+
+
+def _percentile_with_inf(xs: np.ndarray, q: float) -> float:
+    """numpy's linear percentile, except that interpolating towards +inf gives +inf, not NaN.
+
+    An infinite KL is a real result (the variant rules out a token the baseline allows), and
+    stats.percentile refuses non-finite samples.
+    """
+    s = np.sort(xs)
+    h = (s.size - 1) * q / 100.0
+    lo = int(math.floor(h))
+    hi = min(lo + 1, s.size - 1)
+    frac = h - lo
+    if frac == 0.0 or s[lo] == s[hi]:
+        return float(s[lo])
+    return math.inf if math.isinf(s[hi]) else float(s[lo] + frac * (s[hi] - s[lo]))
+
+
+def top1_agreement(base_logprobs: Any, var_logprobs: Any) -> float:
+    """Share of positions (0..1) where baseline and variant put their maximum on the same token."""
+    base, var = _paired(base_logprobs, var_logprobs)
+    if base.shape[0] == 0:
+        raise ValueError("top-1 agreement needs at least one position")
+    return float(np.mean(np.argmax(base, axis=1) == np.argmax(var, axis=1)))
+
+
+# --------------------------------------------------------------------------- likelihood
+
+def nll(logprobs: Any, targets: Any) -> tuple[float, int]:
+    """(summed negative log-likelihood of the targets in nats, number of positions scored).
+
+    Targets below 0 (the -100 ignore index of Hugging Face labels) are skipped.
+    """
+    lp = _logprob_matrix(logprobs, "logprobs")
+    tg = _to_numpy(targets).astype(np.int64)
+    if tg.shape != (lp.shape[0],):
+        raise ValueError(f"targets must have shape ({lp.shape[0]},) to match logprobs, "
+                         f"got {tg.shape}")
+    if tg.size and tg.max() >= lp.shape[1]:
+        raise ValueError(f"target id {int(tg.max())} is outside the vocabulary of {lp.shape[1]}")
+    total, count = 0.0, 0
+    for rows in _row_chunks(*lp.shape):
+        keep = tg[rows] >= 0
+        if not keep.any():
+            continue
+        chunk = _log_softmax64(lp[rows][keep], "logprobs")
+        total -= float(chunk[np.arange(chunk.shape[0]), tg[rows][keep]].sum())
+        count += int(keep.sum())
+    return total, count
+
+
+def perplexity(logprobs: Any, targets: Any) -> float:
+    """exp(mean negative log-likelihood per scored position)."""
+    total, count = nll(logprobs, targets)
+    if count == 0:
+        raise ValueError("perplexity needs at least one scored position")
+    return math.exp(total / count)
+
+
+def ppl_ratio(ppl_variant: float, ppl_baseline: float) -> float:
+    """perplexity(variant) / perplexity(baseline); above 1 means the variant is worse."""
+    if ppl_baseline <= 0:
+        raise ValueError(f"baseline perplexity must be positive, got {ppl_baseline}")
+    return ppl_variant / ppl_baseline
+
+
+def bits_per_byte(total_nll_nats: float, n_bytes: int) -> float:
+    """total NLL / (ln 2 * bytes of text): comparable across tokenizers, unlike per-token PPL."""
+    if n_bytes <= 0:
+        raise ValueError(f"n_bytes must be positive, got {n_bytes}")
+    return total_nll_nats / (math.log(2.0) * n_bytes)
+
+
+# --------------------------------------------------------------------------- against ground truth
+
+def normalize_answer(s: str) -> str:
+    """Strip surrounding whitespace and collapse internal runs of whitespace to one space.
+
+    Case is kept on purpose: the answers are structured fields (ids, codes, names) where "AB-12"
+    and "ab-12" are different values, so folding case would count wrong answers as right.
+    """
+    return " ".join(s.split())
+
+
+def exact_match(prediction: str, answer: str) -> bool:
+    """Whether prediction equals answer after normalize_answer."""
+    return normalize_answer(prediction) == normalize_answer(answer)
+
+
+def task_accuracy(predictions: Sequence[str], answers: Sequence[str]) -> float:
+    """Share (0..1) of predictions that exactly match their answers."""
+    if len(predictions) != len(answers):
+        raise ValueError(f"{len(predictions)} predictions for {len(answers)} answers")
+    if not answers:
+        raise ValueError("task accuracy needs at least one answer")
+    return sum(exact_match(p, a) for p, a in zip(predictions, answers)) / len(answers)
+
+
+def accuracy_retention(acc_variant: float, acc_baseline: float) -> float | None:
+    """task accuracy(variant) / task accuracy(baseline); None when the baseline scored 0."""
+    return None if acc_baseline == 0 else acc_variant / acc_baseline

@@ -1,0 +1,68 @@
+"""Immutable records of what a scenario observed: one per request.
+
+Times are seconds on one monotonic clock (time.perf_counter in the measuring process), so they
+are comparable within one measurement and never across processes. Metrics are pure functions over
+these records (bench/metrics.py).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as a scenario saw it.
+
+    token_times holds the time each output token became available on the host (the device was
+    synchronised first), so token_times[0] is the first-token time.
+    """
+
+    request_id: str
+    send_time: float
+    end_time: float
+    token_times: tuple[float, ...] = ()
+    tokens_in: int = 0
+    output_text: str = ""
+    error: str | None = None
+
+    @property
+    def tokens_out(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"token_times": list(self.token_times)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RequestRecord":
+        return cls(**(d | {"token_times": tuple(d.get("token_times", ()))}))
+
+
+@dataclass(frozen=True)
+class ScenarioPass:
+    """One timed pass of a scenario: the records, and the wall clock around all of them."""
+
+    scenario: str
+    start_time: float
+    end_time: float
+    records: tuple[RequestRecord, ...] = field(default_factory=tuple)
+
+    @property
+    def wall_time(self) -> float:
+        return self.end_time - self.start_time
+
+    def to_json(self) -> dict:
+        return {"scenario": self.scenario, "start_time": self.start_time, "end_time": self.end_time,
+                "records": [r.to_json() for r in self.records]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ScenarioPass":
+        return cls(d["scenario"], d["start_time"], d["end_time"],
+                   tuple(RequestRecord.from_json(r) for r in d["records"]))

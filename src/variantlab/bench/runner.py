@@ -1,0 +1,174 @@
+"""The bench verb: suite → plan → executor → results → comparison → store and reports.
+
+`run_bench` is what `variantlab bench` and `variantlab.bench()` call. Input problems are raised
+before anything runs (VariantlabError); a variant that fails while running is recorded as
+failed with its reason and the others go on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from ..data.jsonl import load_jsonl
+from ..data.structured import generate_samples
+from ..environment import host_fingerprint
+from ..models.loading import check_model_dir, resolve_model_path
+from ..store import DEFAULT_STORE, Store
+from ..suite import Suite, load_suite
+from ..variants.registry import get_recipe, parse_options
+from .analysis import Comparison, accuracy_facts, compare_variants, distribution_facts
+from .executor import Executor, LocalProcessExecutor
+
+
+@dataclass(frozen=True)
+class PlannedVariant:
+    name: str
+    recipe: str
+    options: dict
+    model_path: Path
+
+
+@dataclass(frozen=True)
+class Plan:
+    suite: Suite
+    suite_path: str
+    variants: tuple[PlannedVariant, ...]   # baseline first
+    samples: tuple[dict, ...]
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """What a bench run produced: the comparison table and where everything was written."""
+
+    run_id: str
+    suite_name: str
+    output_dir: Path
+    store_path: Path
+    environment: dict
+    comparison: Comparison
+    results: dict[str, dict]
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, "suite": self.suite_name, "output_dir": str(self.output_dir),
+                "environment": self.environment, "comparison": self.comparison.to_json()}
+
+
+def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
+    """Resolve and check every model and recipe, and load the dataset; raise on bad input."""
+    base_model = resolve_model_path(suite.model, base_dir, file=suite_path, field="model")
+    check_model_dir(base_model, file=suite_path, field="model")
+    planned = []
+    for i, v in enumerate(suite.variants):
+        field = f"variants[{i}]"
+        recipe = get_recipe(v.recipe, file=suite_path, field=f"{field}.recipe")
+        parse_options(recipe, v.options, file=suite_path, field=f"{field}.options")
+        path = base_model
+        if v.model is not None:
+            path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
+            check_model_dir(path, file=suite_path, field=f"{field}.model")
+        planned.append(PlannedVariant(v.name, v.recipe, dict(v.options), path))
+    planned.sort(key=lambda p: p.name != suite.baseline_name)
+    ds = suite.workload.dataset
+    if ds.path is not None:
+        p = Path(ds.path)
+        samples = load_jsonl(p if p.is_absolute() else base_dir / p, limit=ds.n)
+    else:
+        samples = generate_samples(ds.n, ds.seed)
+    return Plan(suite, suite_path, tuple(planned), tuple(samples))
+
+
+def new_run_id() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def run_bench(suite_path: str | Path, *, store_path: str | Path | None = None,
+              output_dir: str | Path | None = None, executor: Executor | None = None,
+              on_progress: Callable[[str, str, float], None] | None = None,
+              on_variant_done: Callable[[str, dict], None] | None = None) -> BenchResult:
+    """Measure every variant of a suite file; return the comparison (also stored and reported)."""
+    suite_path = str(suite_path)
+    suite = load_suite(suite_path)
+    plan = make_plan(suite, suite_path, Path(suite_path).resolve().parent)
+    executor = executor or LocalProcessExecutor()
+    run_id = new_run_id()
+    out = Path(output_dir or suite.output.dir) / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    samples_path = out / "samples.jsonl"
+    samples_path.write_text("".join(json.dumps(s) + "\n" for s in plan.samples))
+    env = host_fingerprint()
+    store_file = Path(store_path or suite.output.store or DEFAULT_STORE)
+    results: dict[str, dict] = {}
+    with Store(store_file) as store:
+        store.create_run(run_id, suite.model_dump(mode="json"), suite_path, env, str(out))
+        for v in plan.variants:
+            spec = {
+                "variant": {"name": v.name, "recipe": v.recipe, "options": v.options, "model_path": str(v.model_path)},
+                "device": suite.device, "threads": suite.threads or os.cpu_count(), "seed": suite.seed,
+                "samples_path": str(samples_path.resolve()),
+                "scenarios": [s.model_dump(mode="json") for s in suite.workload.scenarios],
+                "max_new_tokens": suite.workload.max_new_tokens,
+                "accuracy_samples": suite.workload.accuracy.samples,
+                "logprobs_path": str((out / "variants" / v.name / "logprobs.safetensors").resolve()),
+            }
+            progress = (lambda stage, f, name=v.name: on_progress(name, stage, f)) if on_progress else None
+            result = executor.run(spec, out / "variants" / v.name, suite.timeout_s, progress)
+            results[v.name] = result
+            store.put_measurement(run_id, v.name, result)
+            if on_variant_done:
+                on_variant_done(v.name, result)
+        add_accuracy(results, plan.samples, suite.baseline_name)
+        for name, r in results.items():
+            store.put_measurement(run_id, name, r)
+        comparison = compare_variants(results, suite.baseline_name)
+        store.finish_run(run_id, comparison.to_json())
+    result = BenchResult(run_id, suite.name, out, store_file, env, comparison, results)
+    from ..report.files import write_reports
+    write_reports(result)
+    return result
+
+
+def add_accuracy(results: dict[str, dict], samples, baseline: str) -> None:
+    """Enrich each ok result with task accuracy, bits per byte, and (vs baseline) KLD, top-1, PPL ratio."""
+    from safetensors.numpy import load_file
+
+    for r in results.values():
+        if r.get("status") == "ok":
+            r.update(accuracy_facts(r, samples))
+    base = results.get(baseline, {})
+    if base.get("status") != "ok":
+        return
+    base_lp = _load_logprobs(base, load_file)
+    for name, r in results.items():
+        if r.get("status") != "ok":
+            continue
+        if "task_accuracy" in r and base.get("task_accuracy"):
+            r["accuracy_retention"] = r["task_accuracy"] / base["task_accuracy"]
+        if r.get("tokenizer_id") != base.get("tokenizer_id"):
+            r["not_comparable"] = (f"tokenizer {r.get('tokenizer_id')} differs from the baseline's "
+                                   f"{base.get('tokenizer_id')}; compare bits per byte and task accuracy")
+            continue
+        if "ppl" in r and base.get("ppl"):
+            r["ppl_ratio"] = r["ppl"] / base["ppl"]
+        var_lp = _load_logprobs(r, load_file)
+        if base_lp is not None and var_lp is not None:
+            facts = distribution_facts(base_lp["logprobs"], base_lp["targets"], var_lp["logprobs"], var_lp["targets"])
+            r.update(facts)
+    for r in results.values():  # the log-prob files are large; the numbers above are what we keep
+        path = (r.get("accuracy") or {}).get("logprobs_path")
+        if path and r is not base:
+            Path(path).unlink(missing_ok=True)
+    path = (base.get("accuracy") or {}).get("logprobs_path")
+    if path:
+        Path(path).unlink(missing_ok=True)
+
+
+def _load_logprobs(result: dict, load_file):
+    path = (result.get("accuracy") or {}).get("logprobs_path")
+    if not path or not Path(path).is_file():
+        return None
+    return load_file(path)

@@ -1,0 +1,94 @@
+"""Formatting numbers for people: one place that knows each unit.
+
+Every report (terminal, Markdown, HTML) formats through these functions so the same value reads
+the same everywhere.
+"""
+from __future__ import annotations
+
+from ..bench.analysis import Comparison, Row
+from ..bench.stats import Delta, Estimate
+
+
+def fmt_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "s":
+        if abs(value) < 1e-3:
+            return f"{value * 1e6:.0f} µs"
+        if abs(value) < 1:
+            return f"{value * 1e3:.2f} ms"
+        if abs(value) < 120:
+            return f"{value:.2f} s"
+        return f"{value / 60:.1f} min"
+    if unit == "B":
+        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if abs(value) >= scale:
+                return f"{value / scale:.2f} {name}"
+        return f"{value:.0f} B"
+    if unit == "tok/s":
+        return f"{value:,.1f} tok/s"
+    if unit == "%":
+        return f"{value:.2f}%"
+    if unit == "ratio":
+        return f"{value:.4f}"
+    if unit == "nats":
+        return f"{value:.3g}"
+    if unit == "bits":
+        return f"{value:.3g}"
+    return f"{value:.4g}"
+
+
+def fmt_estimate(e: Estimate | None, with_ci: bool = True) -> str:
+    if e is None or e.value is None:
+        return "—"
+    text = fmt_value(e.value, e.unit)
+    if with_ci and e.low is not None and e.high is not None and e.low != e.high:
+        text += f" [{fmt_value(e.low, e.unit)}, {fmt_value(e.high, e.unit)}]"
+    if e.unstable and e.unit in ("s", "tok/s"):
+        text += " ⚠"
+    return text
+
+
+def fmt_delta(d: Delta | None) -> str:
+    if d is None or d.pct is None:
+        return "—"
+    text = f"{d.pct:+.1f}%"
+    if d.low is not None and d.high is not None:
+        text += f" [{d.low:+.1f}, {d.high:+.1f}]"
+    if d.significant is False:
+        text += " (n.s.)"
+    return text
+
+
+def delta_columns(c: Comparison) -> list[str]:
+    """One Delta column per non-baseline variant."""
+    return [v for v in c.variants if v != c.baseline]
+
+
+def header(c: Comparison) -> list[str]:
+    cols = ["Metric"] + [f"{v} (baseline)" if v == c.baseline else v for v in c.variants]
+    others = delta_columns(c)
+    cols += ["Delta" if len(others) == 1 else f"Δ {v}" for v in others]
+    return cols
+
+
+def row_cells(c: Comparison, row: Row, with_ci: bool = True) -> list[str]:
+    cells = [row.label]
+    for v in c.variants:
+        status = c.status.get(v)
+        cells.append(fmt_estimate(row.cells.get(v), with_ci) if status == "ok" else status or "—")
+    cells += [fmt_delta(row.deltas.get(v)) for v in delta_columns(c)]
+    return cells
+
+
+def status_lines(c: Comparison) -> list[str]:
+    """Failed and unsupported variants with their reasons, then warnings and notes."""
+    lines = [f"{v}: {c.status[v]} — {c.reasons.get(v) or 'no reason given'}"
+             for v in c.variants if c.status.get(v) != "ok"]
+    toks = {t for t in c.tokenizers.values() if t}
+    lines.append("token counts use tokenizer " + ", ".join(
+        f"{v}={c.tokenizers[v]}" for v in c.variants if c.tokenizers.get(v)) if len(toks) > 1 else
+        f"token counts use tokenizer {next(iter(toks))} (all variants)" if toks else "no variant ran")
+    lines += [f"warning: {w}" for w in c.warnings]
+    lines += [f"note: {r.label}: {r.note}" for r in c.rows if r.note]
+    return lines

@@ -1,0 +1,263 @@
+"""The suite file: what to build, how to load it, and what counts as good enough.
+
+A suite is YAML validated by the pydantic models below (frozen, unknown keys rejected).
+`load_suite` turns every problem into a `SuiteError` that names the file, the field path and
+what would be accepted, so the CLI can print one line and exit 2. `variantlab schema` prints
+`suite_json_schema()`.
+"""
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import SuiteError
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSpec(_Frozen):
+    """Where the workload's samples come from: the built-in generator or a JSONL file."""
+
+    generator: Literal["structured"] | None = Field(
+        None, description="built-in generator of structured samples (orders, invoices, logs, products)")
+    path: str | None = Field(None, description="JSONL file with string fields 'prompt' and 'answer'")
+    n: int = Field(64, ge=1, description="number of samples (generator) or the first n lines (path)")
+    seed: int = Field(0, description="generator seed")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DatasetSpec":
+        if (self.generator is None) == (self.path is None):
+            raise ValueError("give exactly one of 'generator: structured' or 'path: FILE.jsonl'")
+        return self
+
+
+class SingleStreamSpec(_Frozen):
+    """One request at a time: per-request latency (E2EL, TTFT, TPOT)."""
+
+    type: Literal["single-stream"]
+    requests: int = Field(16, ge=1, description="minimum number of measured requests")
+    min_duration_s: float = Field(0.0, ge=0, description="keep sending until this much time has passed")
+    warmup: int = Field(2, ge=0, description="requests sent first and not measured")
+
+
+class OfflineSpec(_Frozen):
+    """The whole dataset in batches: single-task latency and throughput."""
+
+    type: Literal["offline"]
+    batch_size: int = Field(16, ge=1)
+    passes: int = Field(3, ge=1, description="minimum number of timed passes over the dataset")
+    min_duration_s: float = Field(0.0, ge=0, description="keep passing until this much time has passed")
+    warmup: int = Field(1, ge=0, description="batches run first and not measured")
+
+
+ScenarioSpec = Annotated[Union[SingleStreamSpec, OfflineSpec], Field(discriminator="type")]
+
+
+class AccuracySpec(_Frozen):
+    """Teacher-forced comparison against the baseline, on the dataset's own text."""
+
+    samples: int = Field(32, ge=0, description="samples scored teacher-forced (0 turns it off)")
+
+
+class Workload(_Frozen):
+    dataset: DatasetSpec = DatasetSpec(generator="structured")
+    scenarios: list[ScenarioSpec] = Field(
+        default_factory=lambda: [SingleStreamSpec(type="single-stream"), OfflineSpec(type="offline")],
+        min_length=1)
+    max_new_tokens: int = Field(24, ge=1)
+    accuracy: AccuracySpec = AccuracySpec()
+
+
+class VariantSpec(_Frozen):
+    """One variant: a recipe applied to the suite's model, or another checkpoint of its own."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    recipe: str = Field("fp32", description="recipe name: see `variantlab recipes`")
+    options: dict[str, Any] = Field(default_factory=dict, description="recipe options")
+    model: str | None = Field(None, description="a checkpoint of this variant's own (local directory)")
+
+
+class SLOSpec(_Frozen):
+    """Per-request service-level objectives used for goodput."""
+
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    e2el_s: float | None = Field(None, gt=0)
+
+
+class Requirements(_Frozen):
+    """What the chosen variant must meet (used by `recommend`; SLOs also give goodput)."""
+
+    min_accuracy_retention: float | None = Field(None, ge=0)
+    max_kld: float | None = Field(None, ge=0)
+    max_ppl_ratio: float | None = Field(None, ge=0)
+    max_e2el_p95_s: float | None = Field(None, gt=0)
+    max_ttft_p95_s: float | None = Field(None, gt=0)
+    min_output_throughput: float | None = Field(None, gt=0)
+    max_peak_memory_mb: float | None = Field(None, gt=0)
+    slo: SLOSpec = SLOSpec()
+
+
+class OutputSpec(_Frozen):
+    dir: str = Field("runs", description="each run writes into DIR/<run id>/")
+    store: str | None = Field(None, description="SQLite results store (default: variantlab.sqlite in the current folder)")
+
+
+class Suite(_Frozen):
+    """A suite: the model, its variants, the workload and the requirements."""
+
+    name: str = "suite"
+    model: str = Field(description="'builtin:tiny-structured' or a local Hugging Face causal-LM directory")
+    baseline: str | None = Field(None, description="name of the baseline variant (default: the first)")
+    variants: list[VariantSpec] = Field(min_length=1)
+    workload: Workload = Workload()
+    requirements: Requirements = Requirements()
+    output: OutputSpec = OutputSpec()
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(None, ge=1, description="torch threads in each worker (default: all cores)")
+    seed: int = 0
+    timeout_s: float = Field(900, gt=0, description="a variant still running after this is recorded as failed")
+
+    @model_validator(mode="after")
+    def _names(self) -> "Suite":
+        names = [v.name for v in self.variants]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"variant names must be unique; repeated: {', '.join(dupes)}")
+        if self.baseline is not None and self.baseline not in names:
+            raise ValueError(f"baseline '{self.baseline}' is not a variant; variants: {', '.join(names)}")
+        return self
+
+    @property
+    def baseline_name(self) -> str:
+        return self.baseline or self.variants[0].name
+
+
+def suite_json_schema() -> dict:
+    return Suite.model_json_schema()
+
+
+# ---------------------------------------------------------------- loading and error messages
+
+def load_suite(path: str | Path) -> Suite:
+    """Read, parse and validate a suite file; every failure is a one-line SuiteError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SuiteError("no such suite file", file=str(path), accepted="a path to a YAML suite file") from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
+        raise SuiteError(f"cannot read suite file: {e.__class__.__name__}", file=str(path),
+                         accepted="a UTF-8 YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SuiteError(f"malformed YAML: {problem}", file=str(path), field=where,
+                         accepted="valid YAML mapping") from None
+    if not isinstance(data, dict):
+        raise SuiteError(f"the suite must be a YAML mapping, got {type(data).__name__}", file=str(path),
+                         accepted=", ".join(Suite.model_fields))
+    return parse_suite(data, file=str(path))
+
+
+def parse_suite(data: dict, file: str = "<suite>") -> Suite:
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as e:
+        raise _suite_error(e, file) from None
+
+
+def _suite_error(e: ValidationError, file: str) -> SuiteError:
+    err = e.errors()[0]
+    loc = tuple(err["loc"])
+    field = _loc_to_path(loc)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(Suite, loc[:-1])
+        accepted = ", ".join(parent.model_fields) if parent else None
+        return SuiteError(f"unknown key '{loc[-1]}'", file=file, field=field, accepted=accepted)
+    if kind == "missing":
+        return SuiteError("required field is missing", file=file, field=field)
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return SuiteError("unknown or missing scenario type", file=file, field=field,
+                          accepted="type: single-stream | offline")
+    accepted = _accepted_for(loc)
+    msg = err["msg"].removeprefix("Value error, ")
+    if "input" in err and kind not in ("value_error",) and not isinstance(err["input"], (dict, list)):
+        msg += f", got {err['input']!r}"
+    return SuiteError(msg, file=file, field=field or None, accepted=accepted)
+
+
+def _loc_to_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("single-stream", "offline"):
+            continue  # the discriminator tag pydantic inserts; the user never wrote it as a key
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _inner_models(annotation: Any) -> list[type[BaseModel]]:
+    """BaseModel classes reachable through Optional / list / Union / Annotated wrappers."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is None:
+        return []
+    args = typing.get_args(annotation)
+    if origin is Annotated:
+        args = args[:1]
+    found: list[type[BaseModel]] = []
+    for a in args:
+        found += _inner_models(a)
+    return found
+
+
+def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = root
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        if part in ("single-stream", "offline"):
+            model = SingleStreamSpec if part == "single-stream" else OfflineSpec
+            continue
+        f = model.model_fields.get(str(part))
+        if f is None:
+            return None
+        candidates = _inner_models(f.annotation)
+        model = candidates[0] if len(candidates) == 1 else (candidates[0] if candidates else None)
+    return model
+
+
+def _accepted_for(loc: tuple) -> str | None:
+    if not loc:
+        return None
+    parent = _model_at(Suite, loc[:-1])
+    if parent is None:
+        return None
+    f = parent.model_fields.get(str(loc[-1]))
+    if f is None:
+        return None
+    ann = f.annotation
+    if typing.get_origin(ann) in (Union, types.UnionType):
+        lits = [a for a in typing.get_args(ann) if typing.get_origin(a) is Literal]
+        if lits:
+            return " | ".join(str(v) for v in typing.get_args(lits[0]))
+    if typing.get_origin(ann) is Literal:
+        return " | ".join(str(v) for v in typing.get_args(ann))
+    return f.description

@@ -1,0 +1,64 @@
+"""The recipe seam: a recipe is data that turns a loaded checkpoint into a variant.
+
+Two steps, as in gpt-fast: `load_dtype` says in which dtype to load the checkpoint, `apply`
+converts the loaded model in place and returns facts about what was built. Model code knows
+nothing of recipes. Adding a recipe is one line in `RECIPES` (variants/registry.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class VariantFacts:
+    """What a built variant is: its size as stored and how it computes."""
+
+    recipe: str
+    dtype: str
+    parameters: int
+    weight_bytes: int
+    bits_per_weight: float
+    kernels: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"recipe": self.recipe, "dtype": self.dtype, "parameters": self.parameters,
+                "weight_bytes": self.weight_bytes, "bits_per_weight": self.bits_per_weight,
+                "kernels": list(self.kernels), "notes": list(self.notes), "extra": self.extra}
+
+
+class Recipe(Protocol):
+    name: str
+    description: str
+    options_model: type[BaseModel]
+
+    def unsupported_reason(self, device: str) -> str | None:
+        """None when the device can run this recipe; else why not (reported as 'unsupported')."""
+
+    def load_dtype(self, options: BaseModel) -> Any:
+        """torch dtype to load the checkpoint in."""
+
+    def apply(self, model: Any, options: BaseModel, device: str) -> VariantFacts:
+        """Convert the loaded model in place; return facts about the result."""
+
+
+def weight_facts(model) -> tuple[int, int]:
+    """(parameters, bytes) of a model's persistent state as it would be stored; tied tensors count once."""
+    seen: set[tuple[int, int, int]] = set()
+    params = nbytes = 0
+    for t in model.state_dict().values():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if key in seen:
+            continue
+        seen.add(key)
+        nbytes += t.numel() * t.element_size()
+        params += t.numel()
+    return params, nbytes

@@ -1,0 +1,68 @@
+"""Shared fixtures.
+
+`tiny_model_dir`: a tiny random LlamaForCausalLM (hidden 32, 2 layers, 2 heads) saved with
+`save_pretrained` together with a fast tokenizer, once per session. It uses the shipped reference
+model's tokenizer when `builtin:tiny-structured` has been trained, else a small byte-level BPE
+trained here on a few lines of text, so tests that need "a real model directory" never depend on
+the (slow to train) reference weights.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import variantlab
+
+SHIPPED_MODEL_DIR = Path(variantlab.__file__).parent / "models" / "tiny_structured"
+TOKENIZER_TEXTS = [
+    'order_id: ORD-5493\ncustomer: Priya Nguyen\nstatus: pending\nQ: What is the status?\nA: pending',
+    '[{"invoice":"INV-65887","paid":"yes"}]\nQ: How many invoices have paid yes?\nA: 2',
+    "hello world\nQ: what A: 42",
+]
+
+
+def build_tokenizer(texts=TOKENIZER_TEXTS, vocab_size: int = 300):
+    """A byte-level BPE fast tokenizer with <pad>=0, <s>=1, </s>=2; any text round-trips."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(texts) * 10, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+
+
+def _tokenizer():
+    if (SHIPPED_MODEL_DIR / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(SHIPPED_MODEL_DIR, local_files_only=True)
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A valid Hugging Face causal-LM directory: config.json, model.safetensors, tokenizer files.
+
+    Read-only for tests: copy it (shutil.copytree) before changing anything inside.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny_model")
+    tok = _tokenizer()
+    tok.save_pretrained(path)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        # A wider init than the default 0.02 gives peaked next-token distributions, so greedy
+        # choices are not decided by float rounding (batch vs single-request comparisons).
+        initializer_range=0.5, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
