@@ -25,19 +25,28 @@ tokens seen, loss, exact match (overall and per task), parameter count, wall tim
 """
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import shutil
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
+import os
 
-import torch
-import torch.nn.functional as F
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+# On a shared 2-core machine another busy process makes OpenMP's spinning barrier wait for a
+# descheduled thread in every op: measured 3 s/step with 2 threads against 1 s with 1. Passive
+# waiting keeps 2 threads at least as fast as 1. Must be set before torch loads libgomp.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers,  # noqa: E402
+                        processors, trainers)
+from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM,  # noqa: E402
+                          PreTrainedTokenizerFast)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "src"))
@@ -222,38 +231,6 @@ def save_atomically(out: Path, model: LlamaForCausalLM, tokenizer: Tokenizer,
     shutil.rmtree(old, ignore_errors=True)
 
 
-# --- threads ---------------------------------------------------------------------------------
-
-class ThreadPicker:
-    """Every `cycle` steps, time `probe` steps at each thread count, then run the fastest.
-
-    On a shared 2-core machine a second OpenMP thread halves the step time when the other core is
-    idle and makes it several times slower when another process holds that core (every parallel
-    region waits at a barrier for a descheduled thread), so the choice is re-measured, not fixed.
-    """
-
-    def __init__(self, choices: tuple[int, ...], cycle: int = 200, probe: int = 4) -> None:
-        self.choices, self.cycle, self.probe = choices, cycle, probe
-        self.timings: dict[int, list[float]] = {n: [] for n in choices}
-        self.best = choices[-1]
-
-    def threads_for(self, step: int) -> int:
-        slot = (step % self.cycle) // self.probe
-        if len(self.choices) > 1 and slot < len(self.choices):
-            return self.choices[slot]
-        return self.best
-
-    def record(self, step: int, threads: int, seconds_per_token: float) -> None:
-        slot = (step % self.cycle) // self.probe
-        if len(self.choices) == 1 or slot >= len(self.choices):
-            return
-        self.timings[threads].append(seconds_per_token)
-        if slot == len(self.choices) - 1 and (step + 1) % self.probe == 0:
-            medians = {n: sorted(t)[len(t) // 2] for n, t in self.timings.items()}
-            self.best = min(medians, key=medians.get)
-            self.timings = {n: [] for n in self.choices}
-
-
 # --- main loop -------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -276,8 +253,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--intermediate", type=int, default=688)
-    parser.add_argument("--threads", type=int, default=2,
-                        help="most torch threads; 1..N are re-measured every 200 steps")
+    parser.add_argument("--threads", type=int, default=2)
     return parser.parse_args(argv)
 
 
@@ -312,7 +288,6 @@ def main(argv: list[str] | None = None) -> None:
     last_eval_at = time.perf_counter()
     window_start, window_steps = time.perf_counter(), 0
     history: list[dict] = []
-    thread_picker = ThreadPicker(tuple(range(1, args.threads + 1)))
 
     def report(final: bool, em: dict) -> dict:
         return {
@@ -353,9 +328,6 @@ def main(argv: list[str] | None = None) -> None:
                                                            max(10, total_steps // 10)))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        threads = thread_picker.threads_for(step)
-        torch.set_num_threads(threads)
-        step_started = time.perf_counter()
         batch = make_batch(encode_pairs(tokenizer, training_samples(args.seed, step,
                                                                     args.batch_size)),
                            ids, args.answer_weight)
@@ -364,8 +336,6 @@ def main(argv: list[str] | None = None) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        thread_picker.record(step, threads,
-                             (time.perf_counter() - step_started) / int(batch.mask.sum()))
         step += 1
         window_steps += 1
         tokens_seen += int(batch.mask.sum())
@@ -375,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
                       else 0.95 * answer_ema + 0.05 * answer_value)
         if step % 25 == 0:
             print(f"step {step}/{total_steps} lr {lr:.2e} loss {loss_ema:.4f} "
-                  f"answer {answer_ema:.4f} threads {thread_picker.best} "
+                  f"answer {answer_ema:.4f} "
                   f"{time.perf_counter() - started:.0f}s", flush=True)
         if args.steps is None and (step == 20 or time.perf_counter() - last_eval_at > eval_every_s):
             # Re-plan: steps that fit in the time left, after the evaluations still to come.

@@ -66,3 +66,13 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model_dir):
+    """(model, tokenizer) of `tiny_model_dir`, loaded once in fp32 on the CPU. Do not modify them:
+    copy.deepcopy the model first."""
+    import torch
+
+    from variantlab.models.loading import load_causal_lm
+    return load_causal_lm(tiny_model_dir, torch.float32, "cpu")

@@ -30,6 +30,9 @@ class MetricDef:
     samples: Callable[[dict], list[float]]  # from one variant's analysed data
     statistic: Callable = median
     scenario: str | None = None          # which scenario the samples come from, for the label
+    # Repeated measurements of one quantity (passes, per-token times), whose spread says whether the
+    # machine was steady; per-request E2EL/TTFT differ by prompt by design and are not checked.
+    checks_stability: bool = False
 
 
 def _passes(r: dict, scenario: str) -> list[ScenarioPass]:
@@ -50,7 +53,7 @@ def _one(v) -> list[float]:
 
 METRICS: tuple[MetricDef, ...] = (
     MetricDef("single_task_latency", "Single-task latency (whole dataset)", "s", True,
-              lambda r: [p.wall_time for p in _passes(r, "offline")], scenario="offline"),
+              lambda r: [p.wall_time for p in _passes(r, "offline")], scenario="offline", checks_stability=True),
     MetricDef("e2el_p50", "E2EL p50", "s", True, lambda r: m.e2el(_records(r, "single-stream")),
               _pct(50), "single-stream"),
     MetricDef("e2el_p95", "E2EL p95", "s", True, lambda r: m.e2el(_records(r, "single-stream")),
@@ -62,11 +65,13 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("ttft_p95", "TTFT p95", "s", True, lambda r: m.ttft(_records(r, "single-stream")),
               _pct(95), "single-stream"),
     MetricDef("tpot_p50", "TPOT p50", "s", True, lambda r: m.tpot(_records(r, "single-stream")),
-              _pct(50), "single-stream"),
+              _pct(50), "single-stream", checks_stability=True),
     MetricDef("output_throughput", "Output throughput", "tok/s", False,
-              lambda r: [x for p in _throughput_passes(r) if (x := m.output_throughput(p)) is not None]),
+              lambda r: [x for p in _throughput_passes(r) if (x := m.output_throughput(p)) is not None],
+              checks_stability=True),
     MetricDef("peak_throughput", "Peak throughput (best 1 s)", "tok/s", False,
-              lambda r: [x for p in _throughput_passes(r) if (x := m.peak_throughput(p.records)) is not None]),
+              lambda r: [x for p in _throughput_passes(r) if (x := m.peak_throughput(p.records)) is not None],
+              checks_stability=True),
     MetricDef("peak_memory", "Peak memory", "B", True,
               lambda r: _one(r.get("memory", {}).get("peak_bytes"))),
     MetricDef("memory_utilization", "Memory utilization", "%", True,
@@ -105,17 +110,20 @@ class Row:
     cells: dict[str, Estimate | None]
     deltas: dict[str, Delta | None]
     note: str | None = None
+    checks_stability: bool = False
 
     def to_json(self) -> dict:
         return {"key": self.key, "label": self.label, "unit": self.unit, "lower_is_better": self.lower_is_better,
                 "cells": {k: (v.to_json() if v else None) for k, v in self.cells.items()},
-                "deltas": {k: (v.to_json() if v else None) for k, v in self.deltas.items()}, "note": self.note}
+                "deltas": {k: (v.to_json() if v else None) for k, v in self.deltas.items()}, "note": self.note,
+                "checks_stability": self.checks_stability}
 
     @classmethod
     def from_json(cls, d: dict) -> "Row":
         return cls(d["key"], d["label"], d["unit"], d["lower_is_better"],
                    {k: (Estimate.from_json(v) if v else None) for k, v in d["cells"].items()},
-                   {k: (Delta.from_json(v) if v else None) for k, v in d["deltas"].items()}, d.get("note"))
+                   {k: (Delta.from_json(v) if v else None) for k, v in d["deltas"].items()}, d.get("note"),
+                   d.get("checks_stability", False))
 
 
 @dataclass(frozen=True)
@@ -186,28 +194,30 @@ def compare_variants(results: dict[str, dict], baseline: str) -> Comparison:
         cells: dict[str, Estimate | None] = {}
         deltas: dict[str, Delta | None] = {}
         base_samples = d.samples(base) if base else []
+        unstable: list[str] = []
         for n in names:
             if n not in ok:
                 cells[n] = deltas[n] = None
                 continue
             s = d.samples(results[n])
             cells[n] = est = estimate(s, d.unit, d.statistic) if s else None
-            if est is not None and est.unstable and d.unit in ("s", "tok/s"):
-                warnings.append(f"{d.label} of {n} is unstable: coefficient of variation "
-                                f"{100 * est.cv:.0f}% (over 10%)")
+            if est is not None and est.unstable and d.checks_stability:
+                unstable.append(f"{n} {100 * est.cv:.0f}%")
             if n == baseline or not s or not base_samples:
                 deltas[n] = None
             elif len(s) == 1 and len(base_samples) == 1:
                 deltas[n] = exact_delta(base_samples[0], s[0]) if base_samples[0] else None
             else:
                 deltas[n] = relative_delta(base_samples, s, d.statistic)
+        if unstable:
+            warnings.append(f"{d.label} is unstable (coefficient of variation over 10%): {', '.join(unstable)}")
         note = None
         if d.key in ("kld_mean", "kld_p99", "top1_agreement", "ppl_ratio"):
             why = {n: results[n].get("not_comparable") for n in names if results[n].get("not_comparable")}
             if why:
                 note = "; ".join(f"{n}: not comparable ({w})" for n, w in why.items())
         rows.append(Row(d.key, d.label + (f" [{d.scenario}]" if d.scenario else ""), d.unit,
-                        d.lower_is_better, cells, deltas, note))
+                        d.lower_is_better, cells, deltas, note, d.checks_stability))
     return Comparison(baseline, names, {n: results[n].get("status", "failed") for n in names},
                       {n: results[n].get("reason") for n in names},
                       {n: results[n].get("tokenizer_id") for n in names}, tuple(rows), tuple(warnings))

@@ -115,8 +115,10 @@ def load_causal_lm(path: Path, dtype, device: str):
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     except Exception as e:  # transformers raises many types; the user needs the one line
-        raise ModelLoadError(f"cannot load {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                             field="model", accepted=ACCEPTED) from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "ignore_mismatched_sizes" in why:
+            why = "the weights' shapes do not match what config.json asks for"
+        raise ModelLoadError(f"cannot load {path}: {why}", field="model", accepted=ACCEPTED) from None
     model.to(device).eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

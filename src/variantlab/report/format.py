@@ -38,13 +38,13 @@ def fmt_value(value: float | None, unit: str) -> str:
     return f"{value:.4g}"
 
 
-def fmt_estimate(e: Estimate | None, with_ci: bool = True) -> str:
+def fmt_estimate(e: Estimate | None, with_ci: bool = True, check_stability: bool = True) -> str:
     if e is None or e.value is None:
         return "—"
     text = fmt_value(e.value, e.unit)
     if with_ci and e.low is not None and e.high is not None and e.low != e.high:
         text += f" [{fmt_value(e.low, e.unit)}, {fmt_value(e.high, e.unit)}]"
-    if e.unstable and e.unit in ("s", "tok/s"):
+    if check_stability and e.unstable:
         text += " ⚠"
     return text
 
@@ -76,7 +76,8 @@ def row_cells(c: Comparison, row: Row, with_ci: bool = True) -> list[str]:
     cells = [row.label]
     for v in c.variants:
         status = c.status.get(v)
-        cells.append(fmt_estimate(row.cells.get(v), with_ci) if status == "ok" else status or "—")
+        cells.append(fmt_estimate(row.cells.get(v), with_ci, row.checks_stability) if status == "ok"
+                     else status or "—")
     cells += [fmt_delta(row.deltas.get(v)) for v in delta_columns(c)]
     return cells
 

@@ -1,0 +1,186 @@
+"""The `variantlab` command as a user runs it: a subprocess, its exit status, stdout and stderr.
+
+Every bad input must give exit status 2 and exactly one line on stderr that names the file and
+the field, with no traceback. COLUMNS is wide so that rich never wraps that line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+# A workload so small that, should a check ever let a bad suite through, the run still ends soon.
+TINY_WORKLOAD = """\
+workload:
+  dataset: {generator: structured, n: 2}
+  scenarios: [{type: single-stream, requests: 1, warmup: 0}]
+  max_new_tokens: 1
+  accuracy: {samples: 0}
+"""
+
+
+def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = os.environ | {"COLUMNS": "400", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "variantlab.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    err = proc.stderr
+    assert proc.returncode == 2, (proc.returncode, err, proc.stdout)
+    assert "Traceback" not in err and "Traceback" not in proc.stdout
+    line = err.rstrip("\n")
+    assert line.strip(), "stderr is empty"
+    assert "\n" not in line, f"stderr has more than one line:\n{err}"
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    return line
+
+
+def write_suite(tmp_path, body: str, name: str = "suite.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body), encoding="utf-8")
+    return path
+
+
+def model_copy(tiny_model_dir, tmp_path):
+    return shutil.copytree(tiny_model_dir, tmp_path / "model")
+
+
+# --------------------------------------------------------------------------- bench: bad input
+
+def test_bench_malformed_yaml(tmp_path):
+    suite = write_suite(tmp_path, "model: x\nvariants:\n  - name: a\n bad: [\n")
+    assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", "line ", "malformed YAML")
+
+
+def test_bench_unknown_key(tmp_path):
+    suite = write_suite(tmp_path, "model: x\nvariants:\n  - name: a\n    dtyp: bf16\n")
+    line = assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", "variants[0].dtyp")
+    assert "recipe" in line   # the accepted keys are listed
+
+
+def test_bench_wrong_type(tmp_path):
+    suite = write_suite(tmp_path, 'model: x\nvariants: [{name: a}]\nthreads: "two"\n')
+    assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", "threads", "'two'")
+
+
+def test_bench_missing_model_directory(tmp_path):
+    suite = write_suite(tmp_path, "model: ./no-such-model\nvariants: [{name: a}]\n" + TINY_WORKLOAD)
+    assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", ": model: ", "no-such-model",
+                          "does not exist")
+
+
+def test_bench_directory_that_is_not_a_causal_lm(tiny_model_dir, tmp_path):
+    model = model_copy(tiny_model_dir, tmp_path)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["architectures"] = ["BertModel"]
+    (model / "config.json").write_text(json.dumps(cfg))
+    suite = write_suite(tmp_path, f"model: {model}\nvariants: [{{name: a}}]\n" + TINY_WORKLOAD)
+    assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", ": model: ", "not a causal LM",
+                          "BertModel")
+
+
+def test_bench_truncated_safetensors(tiny_model_dir, tmp_path):
+    model = model_copy(tiny_model_dir, tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    suite = write_suite(tmp_path, f"model: {model}\nvariants: [{{name: a}}]\n" + TINY_WORKLOAD)
+    assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", ": model: ",
+                          "model.safetensors", "truncated")
+
+
+def test_bench_truncated_safetensors_of_a_variants_own_model(tiny_model_dir, tmp_path):
+    model = model_copy(tiny_model_dir, tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    suite = write_suite(tmp_path, f"model: {tiny_model_dir}\nvariants: [{{name: a}}, {{name: b, model: ./model}}]\n"
+                        + TINY_WORKLOAD)
+    assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", "variants[1].model",
+                          "model.safetensors")
+
+
+def test_bench_dataset_record_without_answer(tiny_model_dir, tmp_path):
+    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "Q: x\nA:", "answer": "1"}) + "\n"
+                                         + json.dumps({"prompt": "Q: y\nA:"}) + "\n")
+    suite = write_suite(tmp_path, f"""\
+        model: {tiny_model_dir}
+        variants: [{{name: a}}]
+        workload:
+          dataset: {{path: data.jsonl, n: 2}}
+          scenarios: [{{type: single-stream, requests: 1, warmup: 0}}]
+          max_new_tokens: 1
+          accuracy: {{samples: 0}}
+        """)
+    assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "data.jsonl", "line 2", "answer")
+
+
+def test_bench_unknown_recipe(tiny_model_dir, tmp_path):
+    suite = write_suite(tmp_path, f"model: {tiny_model_dir}\nvariants: [{{name: a, recipe: int3}}]\n"
+                        + TINY_WORKLOAD)
+    line = assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", "variants[0].recipe",
+                                 "int3")
+    assert "fp32" in line and "bf16" in line   # what is accepted
+
+
+def test_bench_missing_suite_file(tmp_path):
+    assert_one_line_error(run_cli("bench", "nope.yaml", cwd=tmp_path), "nope.yaml", "no such suite file")
+
+
+# --------------------------------------------------------------------------- other verbs
+
+def test_schema_prints_json(tmp_path):
+    proc = run_cli("schema", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(proc.stdout)
+    assert "variants" in schema["properties"] and "model" in schema["properties"]
+
+
+def test_dataset_make_writes_n_lines(tmp_path):
+    from variantlab.data.structured import generate_samples
+
+    proc = run_cli("dataset", "make", "--n", "1000", "--seed", "0", "-o", "X.jsonl", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "X.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1000
+    first = json.loads(lines[0])
+    assert first == generate_samples(1, 0)[0]
+    assert all({"prompt", "answer"} <= json.loads(line).keys() for line in lines)
+
+
+def test_runs_with_a_missing_store_exits_2_and_creates_nothing(tmp_path):
+    assert_one_line_error(run_cli("runs", "--store", "missing.sqlite", cwd=tmp_path), "missing.sqlite")
+    assert not (tmp_path / "missing.sqlite").exists()
+
+
+def test_show_an_unknown_run_lists_the_known_ones(tmp_path):
+    from variantlab.store import Store
+
+    with Store(tmp_path / "s.sqlite") as store:
+        store.create_run("20250101-120000-abcd", {"name": "demo"}, None, {}, None)
+    line = assert_one_line_error(run_cli("show", "zzz", "--store", "s.sqlite", cwd=tmp_path), "s.sqlite", "zzz")
+    assert "20250101-120000-abcd" in line
+
+
+def test_runs_lists_a_stored_run(tmp_path):
+    from variantlab.store import Store
+
+    with Store(tmp_path / "s.sqlite") as store:
+        store.create_run("20250101-120000-abcd", {"name": "demo"}, None, {}, None)
+    proc = run_cli("runs", "--store", "s.sqlite", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "20250101-120000-abcd" in proc.stdout and "demo" in proc.stdout
+
+
+def test_recipes_lists_the_dtype_recipes(tmp_path):
+    proc = run_cli("recipes", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("fp32", "bf16", "fp16"):
+        assert name in proc.stdout

@@ -1,0 +1,272 @@
+"""The suite file (suite.py): valid YAML loads with defaults filled in; every bad input raises a
+SuiteError whose text is one line naming the file, the field path and what would be accepted."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from variantlab.errors import SuiteError
+from variantlab.suite import (OfflineSpec, SingleStreamSpec, Suite, load_suite, parse_suite,
+                              suite_json_schema)
+
+MINIMAL = """\
+model: builtin:tiny-structured
+variants:
+  - name: fp32
+"""
+
+
+def write(tmp_path, text: str, name: str = "suite.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def suite_error(path) -> SuiteError:
+    with pytest.raises(SuiteError) as info:
+        load_suite(path)
+    err = info.value
+    text = str(err)
+    assert "\n" not in text and text == err.one_line()
+    assert str(path) in text and err.file == str(path)
+    return err
+
+
+# --------------------------------------------------------------------------- valid suites
+
+def test_minimal_suite_fills_in_defaults(tmp_path):
+    suite = load_suite(write(tmp_path, MINIMAL))
+    assert isinstance(suite, Suite)
+    assert suite.name == "suite" and suite.model == "builtin:tiny-structured"
+    assert [v.name for v in suite.variants] == ["fp32"]
+    v = suite.variants[0]
+    assert (v.recipe, v.options, v.model) == ("fp32", {}, None)
+    assert suite.baseline is None and suite.baseline_name == "fp32"
+    assert (suite.device, suite.threads, suite.seed, suite.timeout_s) == ("auto", None, 0, 900)
+    w = suite.workload
+    assert (w.dataset.generator, w.dataset.path, w.dataset.n, w.dataset.seed) == ("structured", None, 64, 0)
+    assert w.max_new_tokens == 24 and w.accuracy.samples == 32
+    assert w.scenarios == [SingleStreamSpec(type="single-stream"), OfflineSpec(type="offline")]
+    assert (w.scenarios[0].requests, w.scenarios[0].warmup, w.scenarios[0].min_duration_s) == (16, 2, 0.0)
+    assert (w.scenarios[1].batch_size, w.scenarios[1].passes, w.scenarios[1].warmup) == (16, 3, 1)
+    assert suite.output.dir == "runs" and suite.output.store is None
+    assert suite.requirements.slo.ttft_s is None
+
+
+def test_full_suite_keeps_every_value(tmp_path):
+    suite = load_suite(write(tmp_path, """\
+        name: full
+        model: ./ckpt
+        baseline: b
+        variants:
+          - {name: a, recipe: bf16}
+          - {name: b, recipe: fp32, model: ./other}
+        workload:
+          dataset: {path: data.jsonl, n: 8}
+          scenarios:
+            - {type: offline, batch_size: 4, passes: 2}
+            - {type: single-stream, requests: 3, warmup: 0, min_duration_s: 1.5}
+          max_new_tokens: 5
+          accuracy: {samples: 0}
+        requirements: {max_kld: 0.1, slo: {ttft_s: 0.5}}
+        output: {dir: out, store: s.sqlite}
+        device: cpu
+        threads: 2
+        seed: 7
+        timeout_s: 60
+        """))
+    assert suite.name == "full" and suite.baseline_name == "b"
+    assert [(v.name, v.recipe, v.model) for v in suite.variants] == [("a", "bf16", None), ("b", "fp32", "./other")]
+    assert suite.workload.dataset.path == "data.jsonl" and suite.workload.dataset.generator is None
+    off, ss = suite.workload.scenarios
+    assert isinstance(off, OfflineSpec) and (off.batch_size, off.passes) == (4, 2)
+    assert isinstance(ss, SingleStreamSpec) and (ss.requests, ss.warmup, ss.min_duration_s) == (3, 0, 1.5)
+    assert suite.requirements.max_kld == 0.1 and suite.requirements.slo.ttft_s == 0.5
+    assert (suite.device, suite.threads, suite.seed, suite.timeout_s) == ("cpu", 2, 7, 60)
+    assert (suite.output.dir, suite.output.store) == ("out", "s.sqlite")
+
+
+def test_suite_is_frozen(tmp_path):
+    suite = load_suite(write(tmp_path, MINIMAL))
+    with pytest.raises(Exception):
+        suite.seed = 3  # type: ignore[misc]
+
+
+def test_shipped_example_loads():
+    from pathlib import Path
+    example = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
+    if not example.is_file():
+        pytest.skip("examples/quickstart.yaml is not in this tree")
+    suite = load_suite(example)
+    assert suite.baseline_name == suite.variants[0].name
+
+
+def test_parse_suite_names_its_file_argument():
+    with pytest.raises(SuiteError, match=r"^mine\.yaml: modle: unknown key"):
+        parse_suite({"model": "x", "variants": [{"name": "a"}], "modle": 1}, file="mine.yaml")
+
+
+# --------------------------------------------------------------------------- bad input
+
+def test_missing_file(tmp_path):
+    err = suite_error(tmp_path / "nope.yaml")
+    assert "no such suite file" in str(err)
+
+
+def test_malformed_yaml_gives_line_and_column(tmp_path):
+    path = write(tmp_path, "model: x\nvariants:\n  - name: a\n bad: [\n")
+    err = suite_error(path)
+    assert "malformed YAML" in str(err)
+    assert err.field is not None and err.field.startswith("line ") and ", column " in err.field
+    assert err.field in str(err)
+
+
+def test_malformed_yaml_line_number_is_one_based(tmp_path):
+    path = write(tmp_path, "model: x\n  oops: : y\nvariants: []\n")
+    err = suite_error(path)
+    assert err.field.startswith("line 2, column ")
+
+
+@pytest.mark.parametrize("text, kind", [("- a\n- b\n", "list"), ("just text\n", "str"), ("", "NoneType")])
+def test_top_level_must_be_a_mapping(tmp_path, text, kind):
+    err = suite_error(write(tmp_path, text))
+    assert "mapping" in str(err) and kind in str(err)
+    for key in ("model", "variants", "workload", "device"):
+        assert key in err.accepted
+
+
+@pytest.mark.parametrize("extra, field, accepted", [
+    ("modle: y\n", "modle", ("model", "variants", "workload", "baseline", "device")),
+    ("workload: {max_tokens: 3}\n", "workload.max_tokens", ("dataset", "scenarios", "max_new_tokens")),
+    ("workload: {dataset: {generator: structured, file: a.jsonl}}\n", "workload.dataset.file",
+     ("generator", "path", "n", "seed")),
+    ("requirements: {slo: {latency: 1}}\n", "requirements.slo.latency", ("ttft_s", "tpot_s", "e2el_s")),
+])
+def test_unknown_key_names_path_and_accepted_keys(tmp_path, extra, field, accepted):
+    err = suite_error(write(tmp_path, MINIMAL + extra))
+    assert err.field == field and f"{field}: unknown key '{field.rsplit('.', 1)[-1]}'" in str(err)
+    assert all(a in err.accepted for a in accepted), err.accepted
+    assert f"(accepted: {err.accepted})" in str(err)
+
+
+def test_unknown_key_in_a_variant(tmp_path):
+    err = suite_error(write(tmp_path, """\
+        model: x
+        variants:
+          - name: a
+            dtyp: bf16
+        """))
+    assert err.field == "variants[0].dtyp" and "variants[0].dtyp" in str(err)
+    assert err.accepted == "name, recipe, options, model"
+
+
+def test_unknown_key_in_a_scenario_lists_that_scenarios_keys(tmp_path):
+    err = suite_error(write(tmp_path, MINIMAL + """\
+workload:
+  scenarios:
+    - type: single-stream
+    - type: offline
+      bs: 4
+"""))
+    assert err.field == "workload.scenarios[1].bs"
+    assert "batch_size" in err.accepted and "passes" in err.accepted and "requests" not in err.accepted
+    err = suite_error(write(tmp_path, MINIMAL + "workload:\n  scenarios:\n    - {type: single-stream, bs: 4}\n"))
+    assert err.field == "workload.scenarios[0].bs"
+    assert "requests" in err.accepted and "batch_size" not in err.accepted
+
+
+def test_wrong_type(tmp_path):
+    err = suite_error(write(tmp_path, MINIMAL + 'threads: "two"\n'))
+    assert err.field == "threads"
+    assert "integer" in str(err) and "'two'" in str(err)
+
+
+@pytest.mark.parametrize("extra, field", [
+    ("workload: {max_new_tokens: 0}\n", "workload.max_new_tokens"),
+    ("workload: {scenarios: [{type: offline, batch_size: -1}]}\n", "workload.scenarios[0].batch_size"),
+    ("timeout_s: 0\n", "timeout_s"),
+    ("workload: {scenarios: []}\n", "workload.scenarios"),
+])
+def test_out_of_range_values_name_their_field(tmp_path, extra, field):
+    err = suite_error(write(tmp_path, MINIMAL + extra))
+    assert err.field == field and f": {field}: " in str(err)
+
+
+def test_variants_must_not_be_empty_or_a_mapping(tmp_path):
+    assert suite_error(write(tmp_path, "model: x\nvariants: []\n")).field == "variants"
+    assert suite_error(write(tmp_path, "model: x\nvariants: {name: a}\n")).field == "variants"
+
+
+def test_missing_required_field(tmp_path):
+    err = suite_error(write(tmp_path, "variants: [{name: a}]\n"))
+    assert err.field == "model" and "missing" in str(err)
+
+
+def test_invalid_variant_name(tmp_path):
+    err = suite_error(write(tmp_path, "model: x\nvariants: [{name: 'has space'}]\n"))
+    assert err.field == "variants[0].name" and "'has space'" in str(err)
+
+
+def test_invalid_literal_lists_accepted_values(tmp_path):
+    err = suite_error(write(tmp_path, MINIMAL + "device: tpu\n"))
+    assert err.field == "device" and "'tpu'" in str(err)
+    assert err.accepted == "auto | cpu | cuda"
+
+
+def test_invalid_generator_lists_accepted_values(tmp_path):
+    err = suite_error(write(tmp_path, MINIMAL + "workload: {dataset: {generator: random}}\n"))
+    assert err.field == "workload.dataset.generator" and err.accepted == "structured"
+
+
+@pytest.mark.parametrize("scenario", ["{type: server}", "{requests: 3}"])
+def test_unknown_or_missing_scenario_type(tmp_path, scenario):
+    err = suite_error(write(tmp_path, MINIMAL + f"workload: {{scenarios: [{{type: offline}}, {scenario}]}}\n"))
+    assert err.field == "workload.scenarios[1]"
+    assert "single-stream" in err.accepted and "offline" in err.accepted
+
+
+@pytest.mark.xfail(strict=True, reason="suite.py Suite._names is a model-level validator, so pydantic "
+                   "gives its error an empty loc and the SuiteError names no field path")
+def test_duplicate_variant_names_name_the_variants_field(tmp_path):
+    err = suite_error(write(tmp_path, "model: x\nvariants: [{name: a}, {name: b}, {name: a}]\n"))
+    assert "repeated: a" in str(err)
+    assert err.field is not None and err.field.startswith("variants")
+
+
+def test_duplicate_variant_names_are_rejected(tmp_path):
+    err = suite_error(write(tmp_path, "model: x\nvariants: [{name: a}, {name: b}, {name: a}]\n"))
+    assert "unique" in str(err) and "repeated: a" in str(err)
+
+
+@pytest.mark.xfail(strict=True, reason="suite.py Suite._names is a model-level validator, so pydantic "
+                   "gives its error an empty loc and the SuiteError names no field path")
+def test_baseline_not_a_variant_names_the_baseline_field(tmp_path):
+    err = suite_error(write(tmp_path, "model: x\nbaseline: c\nvariants: [{name: a}, {name: b}]\n"))
+    assert err.field == "baseline"
+
+
+def test_baseline_not_a_variant_lists_the_variants(tmp_path):
+    err = suite_error(write(tmp_path, "model: x\nbaseline: c\nvariants: [{name: a}, {name: b}]\n"))
+    assert "baseline 'c' is not a variant" in str(err) and "a, b" in str(err)
+
+
+@pytest.mark.parametrize("dataset", ["{n: 3}", "{generator: structured, path: d.jsonl}"])
+def test_dataset_needs_exactly_one_source(tmp_path, dataset):
+    err = suite_error(write(tmp_path, MINIMAL + f"workload: {{dataset: {dataset}}}\n"))
+    assert err.field == "workload.dataset"
+    assert "generator: structured" in str(err) and "path: FILE.jsonl" in str(err)
+
+
+def test_a_directory_is_not_a_suite_file(tmp_path):
+    err = suite_error(tmp_path)
+    assert "cannot read" in str(err)
+
+
+# --------------------------------------------------------------------------- schema
+
+def test_json_schema_describes_the_suite():
+    schema = suite_json_schema()
+    assert isinstance(schema, dict)
+    assert "variants" in schema["properties"] and "model" in schema["properties"]
+    assert "model" in schema.get("required", [])
