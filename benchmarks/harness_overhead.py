@@ -23,8 +23,8 @@ import torch
 from transformers import DynamicCache
 
 from variantlab.backends.torch_backend import TorchBackend
-from variantlab.bench.metrics import tpot
-from variantlab.bench.scenarios import SingleStream
+from variantlab.measure.metrics import tpot
+from variantlab.measure.scenarios import SingleStream
 from variantlab.data.structured import generate_samples
 from variantlab.models.loading import load_causal_lm, resolve_model_path
 

@@ -252,7 +252,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--intermediate", type=int, default=688)
+    # Multiples of 128 everywhere, so int4 group-wise quantization (group 32-128) fits every layer.
+    parser.add_argument("--intermediate", type=int, default=640)
     parser.add_argument("--threads", type=int, default=2)
     return parser.parse_args(argv)
 

@@ -14,7 +14,7 @@ __all__ = ["bench", "load_suite", "__version__"]
 
 def bench(suite_path, *, store=None, output_dir=None):
     """Measure every variant of a suite file; returns the BenchResult the CLI prints."""
-    from .bench.runner import run_bench
+    from .measure.runner import run_bench
     return run_bench(suite_path, store_path=store, output_dir=output_dir)
 
 

@@ -36,13 +36,13 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     """Measure every variant of SUITE, each in a fresh process, and print the comparison."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .bench.runner import run_bench
+    from .measure.runner import plan_suite_file, run_plan
     from .report.format import status_lines
     from .report.table import comparison_table
 
     try:
-        from .suite import load_suite
-        n_variants = len(load_suite(suite).variants)
+        plan = plan_suite_file(suite)
+        n_variants = len(plan.variants)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err_console,
                       disable=as_json, transient=False) as progress:
@@ -60,8 +60,8 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
                                            highlight=False)
 
             t0 = time.perf_counter()
-            result = run_bench(suite, store_path=store, output_dir=output, on_progress=on_progress,
-                               on_variant_done=on_done)
+            result = run_plan(plan, store_path=store, output_dir=output, on_progress=on_progress,
+                              on_variant_done=on_done)
     except VariantlabError as e:
         _fail(e)
     if as_json:
@@ -120,7 +120,7 @@ def show(run: str = typer.Argument(..., help="run id (or a unique prefix)"),
          store: Path = typer.Option(Path("variantlab.sqlite"), help="results store (SQLite)"),
          markdown: bool = typer.Option(False, "--markdown", help="print the Markdown table")) -> None:
     """Reprint a stored run's comparison table."""
-    from .bench.analysis import Comparison, compare_variants
+    from .measure.analysis import Comparison, compare_variants
     from .report.format import status_lines
     from .report.markdown import comparison_markdown
     from .report.table import comparison_table

@@ -14,6 +14,10 @@ _INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_f
                       "amx_int8", "amx_fp16", "fma", "f16c", "asimd", "sve")
 
 
+_RELEVANT_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE",
+                 "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "ATEN_CPU_CAPABILITY")
+
+
 def _cpu_info() -> tuple[str, list[str]]:
     model, flags = platform.processor() or platform.machine(), []
     try:
@@ -49,6 +53,7 @@ def host_fingerprint() -> dict:
         "os": f"{platform.system()} {platform.release()}",
         "python": sys.version.split()[0],
         "packages": {p: _version(p) for p in ("variantlab", "torch", "transformers", "numpy", "safetensors")},
+        "env": {k: os.environ[k] for k in _RELEVANT_ENV if k in os.environ},
     }
 
 

@@ -122,8 +122,8 @@ class Store:
             (run_id, run_id + "%")).fetchall()
         if len(row) != 1:
             known = [r for (r,) in self._db.execute("SELECT run_id FROM runs ORDER BY created DESC LIMIT 5")]
-            why = "no run" if not row else f"{len(row)} runs"
-            raise StoreError(f"{why} matches '{run_id}'", file=str(self.path), field="RUN",
+            why = f"no run matches '{run_id}'" if not row else f"{len(row)} runs match '{run_id}'"
+            raise StoreError(why, file=str(self.path), field="RUN",
                              accepted=", ".join(known) or "none stored yet; run `variantlab bench` first")
         rid, created, name, spath, status, odir, sj, ej, cj = row[0]
         variants = tuple(self._db.execute("SELECT variant, status FROM measurements WHERE run_id=? ORDER BY id",

@@ -125,16 +125,6 @@ class Suite(_Frozen):
     seed: int = 0
     timeout_s: float = Field(900, gt=0, description="a variant still running after this is recorded as failed")
 
-    @model_validator(mode="after")
-    def _names(self) -> "Suite":
-        names = [v.name for v in self.variants]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"variant names must be unique; repeated: {', '.join(dupes)}")
-        if self.baseline is not None and self.baseline not in names:
-            raise ValueError(f"baseline '{self.baseline}' is not a variant; variants: {', '.join(names)}")
-        return self
-
     @property
     def baseline_name(self) -> str:
         return self.baseline or self.variants[0].name
@@ -172,9 +162,22 @@ def load_suite(path: str | Path) -> Suite:
 
 def parse_suite(data: dict, file: str = "<suite>") -> Suite:
     try:
-        return Suite.model_validate(data)
+        suite = Suite.model_validate(data)
     except ValidationError as e:
         raise _suite_error(e, file) from None
+    _check_names(suite, file)
+    return suite
+
+
+def _check_names(suite: Suite, file: str) -> None:
+    names = [v.name for v in suite.variants]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise SuiteError(f"variant name '{n}' is used twice", file=file, field=f"variants[{i}].name",
+                             accepted="a name no other variant has")
+    if suite.baseline is not None and suite.baseline not in names:
+        raise SuiteError(f"baseline '{suite.baseline}' is not a variant", file=file, field="baseline",
+                         accepted=" | ".join(names))
 
 
 def _suite_error(e: ValidationError, file: str) -> SuiteError:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from ..bench.records import RequestRecord
+from ..measure.records import RequestRecord
 
 Clock = Callable[[], float]
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from ..bench.records import RequestRecord
+from ..measure.records import RequestRecord
 from .base import Capabilities, Clock, ScoredText
 
 

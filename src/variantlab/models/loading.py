@@ -57,8 +57,12 @@ def check_model_dir(path: Path, *, file: str | None = None, field: str = "model"
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{cfg_path} is not valid JSON ({e.__class__.__name__})", file=file, field=field,
                              accepted=ACCEPTED) from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{cfg_path} is not a JSON object", file=file, field=field, accepted=ACCEPTED)
     archs = cfg.get("architectures") or []
-    causal = [a for a in archs if a.endswith("ForCausalLM") or a.endswith("LMHeadModel")]
+    if not isinstance(archs, list):
+        archs = [archs]
+    causal = [a for a in archs if isinstance(a, str) and (a.endswith("ForCausalLM") or a.endswith("LMHeadModel"))]
     if not causal:
         raise ModelLoadError(
             f"{path} is not a causal LM (config.json architectures: {archs or 'none'})",
@@ -90,7 +94,10 @@ def check_safetensors(path: Path, *, file: str | None = None, field: str = "mode
             raise bad("header is not valid JSON") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError):
+        raise bad("a tensor entry has no valid data_offsets") from None
     if 8 + n + end > size:
         raise bad(f"tensors need {8 + n + end} bytes, the file has {size}")
     return size

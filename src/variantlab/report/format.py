@@ -5,8 +5,8 @@ the same everywhere.
 """
 from __future__ import annotations
 
-from ..bench.analysis import Comparison, Row
-from ..bench.stats import Delta, Estimate
+from ..measure.analysis import Comparison, Row
+from ..measure.stats import Delta, Estimate
 
 
 def fmt_value(value: float | None, unit: str) -> str:

@@ -1,7 +1,7 @@
 """The comparison as a Markdown report (report.md)."""
 from __future__ import annotations
 
-from ..bench.analysis import Comparison
+from ..measure.analysis import Comparison
 from .format import header, row_cells, status_lines
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from ..bench.analysis import Comparison, Row
+from ..measure.analysis import Comparison, Row
 from .format import delta_columns, header, row_cells
 
 

@@ -2,7 +2,7 @@
 
 Times are seconds on one monotonic clock (time.perf_counter in the measuring process), so they
 are comparable within one measurement and never across processes. Metrics are pure functions over
-these records (bench/metrics.py).
+these records (measure/metrics.py).
 """
 from __future__ import annotations
 

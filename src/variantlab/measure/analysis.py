@@ -12,13 +12,7 @@ from typing import Callable, Sequence
 from . import accuracy as acc
 from . import metrics as m
 from .records import ScenarioPass
-from .stats import Delta, Estimate, exact_delta, median, percentile, relative_delta, estimate
-
-
-def _pct(q: float) -> Callable:
-    f = lambda a: percentile(a, q)  # noqa: E731
-    f.__name__ = f"p{q:g}"
-    return f
+from .stats import Delta, Estimate, estimate, exact_delta, median, quantile, relative_delta
 
 
 @dataclass(frozen=True)
@@ -55,17 +49,17 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("single_task_latency", "Single-task latency (whole dataset)", "s", True,
               lambda r: [p.wall_time for p in _passes(r, "offline")], scenario="offline", checks_stability=True),
     MetricDef("e2el_p50", "E2EL p50", "s", True, lambda r: m.e2el(_records(r, "single-stream")),
-              _pct(50), "single-stream"),
+              quantile(50), "single-stream"),
     MetricDef("e2el_p95", "E2EL p95", "s", True, lambda r: m.e2el(_records(r, "single-stream")),
-              _pct(95), "single-stream"),
+              quantile(95), "single-stream"),
     MetricDef("e2el_p99", "E2EL p99", "s", True, lambda r: m.e2el(_records(r, "single-stream")),
-              _pct(99), "single-stream"),
+              quantile(99), "single-stream"),
     MetricDef("ttft_p50", "TTFT p50", "s", True, lambda r: m.ttft(_records(r, "single-stream")),
-              _pct(50), "single-stream"),
+              quantile(50), "single-stream"),
     MetricDef("ttft_p95", "TTFT p95", "s", True, lambda r: m.ttft(_records(r, "single-stream")),
-              _pct(95), "single-stream"),
+              quantile(95), "single-stream"),
     MetricDef("tpot_p50", "TPOT p50", "s", True, lambda r: m.tpot(_records(r, "single-stream")),
-              _pct(50), "single-stream", checks_stability=True),
+              quantile(50), "single-stream", checks_stability=True),
     MetricDef("output_throughput", "Output throughput", "tok/s", False,
               lambda r: [x for p in _throughput_passes(r) if (x := m.output_throughput(p)) is not None],
               checks_stability=True),

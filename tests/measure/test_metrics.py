@@ -1,12 +1,12 @@
-"""Unit tests for bench/metrics.py on records with hand-chosen times (binary fractions, exact)."""
+"""Unit tests for measure/metrics.py on records with hand-chosen times (binary fractions, exact)."""
 import math
 
 import numpy as np
 import pytest
 
-from variantlab.bench import metrics
-from variantlab.bench.metrics import SLO
-from variantlab.bench.records import RequestRecord, ScenarioPass
+from variantlab.measure import metrics
+from variantlab.measure.metrics import SLO
+from variantlab.measure.records import RequestRecord, ScenarioPass
 
 # r1: 4 tokens; E2EL 1.5, TTFT 0.5, TPOT (1.5 - 0.5) / 3, ITL 0.25, 0.25, 0.5
 R1 = RequestRecord("r1", send_time=0.0, end_time=1.5, token_times=(0.5, 0.75, 1.0, 1.5))

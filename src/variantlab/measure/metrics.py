@@ -20,8 +20,8 @@ from typing import Iterable
 
 import numpy as np
 
-from variantlab.bench import stats
-from variantlab.bench.records import RequestRecord, ScenarioPass
+from variantlab.measure import stats
+from variantlab.measure.records import RequestRecord, ScenarioPass
 
 
 def _ok(records: Iterable[RequestRecord]) -> list[RequestRecord]:

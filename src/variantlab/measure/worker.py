@@ -1,8 +1,8 @@
 """One measurement in a fresh process: build one variant, run the scenarios, write JSON.
 
-    python -m variantlab.bench.worker SPEC.json RESULT.json
+    python -m variantlab.measure.worker SPEC.json RESULT.json
 
-Run by the executor (bench/executor.py), never by hand. A fresh process per variant makes cold
+Run by the executor (measure/executor.py), never by hand. A fresh process per variant makes cold
 start and peak memory honest and keeps a crash to one variant. Stages are timed from the
 parent's spawn time (wall clock, passed in the spec): import → load → first token. Progress goes
 to stdout as lines starting with PROGRESS_PREFIX. The result is versioned JSON

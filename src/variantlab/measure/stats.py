@@ -129,10 +129,21 @@ def _bootstrap_by_resampling(sample: np.ndarray, statistic: Statistic, resamples
     return out
 
 
+def quantile(q: float) -> Statistic:
+    """The q-th percentile as a statistic; bootstraps take the fast order-statistic path for it."""
+    def statistic(xs: Sequence[float]) -> float:
+        return percentile(xs, q)
+    statistic.quantile = q  # type: ignore[attr-defined]
+    statistic.__name__ = f"p{q:g}"
+    return statistic
+
+
 def _bootstrap_distribution(sample: np.ndarray, statistic: Statistic, resamples: int,
                             rng: np.random.Generator) -> np.ndarray:
     if statistic is median or statistic is np.median:
         return _bootstrap_quantile(sample, 50.0, resamples, rng)
+    if getattr(statistic, "quantile", None) is not None:
+        return _bootstrap_quantile(sample, statistic.quantile, resamples, rng)
     return _bootstrap_by_resampling(sample, statistic, resamples, rng)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from variantlab.bench import stats
+from variantlab.measure import stats
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 values per working chunk (32 MiB)
 

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from variantlab.bench import accuracy
-from variantlab.bench.accuracy import (accuracy_retention, bits_per_byte, exact_match,
+from variantlab.measure import accuracy
+from variantlab.measure.accuracy import (accuracy_retention, bits_per_byte, exact_match,
                                        kl_divergence_per_position, kld_summary, nll,
                                        normalize_answer, perplexity, ppl_ratio, task_accuracy,
                                        top1_agreement)

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from variantlab.bench import stats
-from variantlab.bench.stats import (UNSTABLE_CV, Delta, Estimate, bootstrap_ci, compare,
+from variantlab.measure import stats
+from variantlab.measure.stats import (UNSTABLE_CV, Delta, Estimate, bootstrap_ci, compare,
                                     estimate, exact_delta, relative_delta)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from variantlab.backends.base import Capabilities
 from variantlab.backends.torch_backend import TorchBackend
-from variantlab.bench.scenarios import Offline, SingleStream, scenario_from_spec
+from variantlab.measure.scenarios import Offline, SingleStream, scenario_from_spec
 from variantlab.suite import OfflineSpec, SingleStreamSpec
 
 pytestmark = pytest.mark.model
@@ -40,7 +40,7 @@ class OneAtATime(TorchBackend):
 
 
 @pytest.fixture(scope="module")
-def backend(tiny_lm, tiny_model_dir):
+def backend(tiny_lm):
     model, tok = tiny_lm
     return TorchBackend(model, tok, "cpu", "tok")
 

@@ -25,7 +25,7 @@ class Executor(Protocol):
 
 
 class LocalProcessExecutor:
-    """`python -m variantlab.bench.worker` in a fresh process, with a timeout."""
+    """`python -m variantlab.measure.worker` in a fresh process, with a timeout."""
 
     def __init__(self, python: str = sys.executable):
         self.python = python
@@ -41,7 +41,7 @@ class LocalProcessExecutor:
         spec = spec | {"spawn_time": time.time()}
         spec_path.write_text(json.dumps(spec))
         with err_path.open("w") as err:
-            proc = subprocess.Popen([self.python, "-m", "variantlab.bench.worker", str(spec_path), str(out_path)],
+            proc = subprocess.Popen([self.python, "-m", "variantlab.measure.worker", str(spec_path), str(out_path)],
                                     stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, env=env)
             reader = threading.Thread(target=_read_progress, args=(proc.stdout, progress), daemon=True)
             reader.start()

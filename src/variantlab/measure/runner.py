@@ -86,14 +86,23 @@ def new_run_id() -> str:
     return datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def run_bench(suite_path: str | Path, *, store_path: str | Path | None = None,
-              output_dir: str | Path | None = None, executor: Executor | None = None,
-              on_progress: Callable[[str, str, float], None] | None = None,
-              on_variant_done: Callable[[str, dict], None] | None = None) -> BenchResult:
-    """Measure every variant of a suite file; return the comparison (also stored and reported)."""
+def plan_suite_file(suite_path: str | Path) -> Plan:
+    """Load and check a suite file: every input problem is raised here, before anything runs."""
     suite_path = str(suite_path)
-    suite = load_suite(suite_path)
-    plan = make_plan(suite, suite_path, Path(suite_path).resolve().parent)
+    return make_plan(load_suite(suite_path), suite_path, Path(suite_path).resolve().parent)
+
+
+def run_bench(suite_path: str | Path, **kwargs) -> BenchResult:
+    """Measure every variant of a suite file; return the comparison (also stored and reported)."""
+    return run_plan(plan_suite_file(suite_path), **kwargs)
+
+
+def run_plan(plan: Plan, *, store_path: str | Path | None = None,
+             output_dir: str | Path | None = None, executor: Executor | None = None,
+             on_progress: Callable[[str, str, float], None] | None = None,
+             on_variant_done: Callable[[str, dict], None] | None = None) -> BenchResult:
+    """Measure a checked plan's variants in order, storing each result as it finishes."""
+    suite, suite_path = plan.suite, plan.suite_path
     executor = executor or LocalProcessExecutor()
     run_id = new_run_id()
     out = Path(output_dir or suite.output.dir) / run_id
