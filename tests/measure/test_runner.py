@@ -95,3 +95,39 @@ def test_bench_cli_prints_table_and_show_reprints_it(tmp_path):
                            "--markdown"], capture_output=True, text=True, env=env, timeout=120)
     assert show.returncode == 0, show.stderr
     assert show.stdout.startswith("| Metric | base (baseline) | half | Delta |")
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_model_dir(tmp_path_factory) -> Path:
+    """The reference weights behind a different (byte-level BPE) tokenizer of no larger a vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("othertok")
+    for f in BUILTIN_MODELS["tiny-structured"].iterdir():
+        if f.name.endswith(".safetensors") or f.name in ("config.json", "generation_config.json"):
+            shutil.copy(f, d / f.name)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            pad_token="<pad>").save_pretrained(d)
+    return d
+
+
+def test_variants_with_different_tokenizers_compare_by_bits_per_byte(tmp_path, other_tokenizer_model_dir):
+    suite = _write_suite(tmp_path, [{"name": "ref"}, {"name": "other", "model": str(other_tokenizer_model_dir)}])
+    c = variantlab.bench(suite).comparison
+    assert c.status == {"ref": "ok", "other": "ok"}
+    assert c.tokenizers["ref"] != c.tokenizers["other"]
+    for key in ("kld_mean", "top1_agreement", "ppl_ratio"):
+        row = c.row(key)
+        assert row.cells["other"] is None or row.cells["other"].value is None
+        assert "not comparable" in row.note and "tokenizer" in row.note
+    assert c.row("bits_per_byte").cells["other"].value > 0
+    assert c.row("bits_per_byte").deltas["other"] is not None
+    assert c.row("task_accuracy").cells["other"] is not None

@@ -6,6 +6,7 @@ against the baseline. The reports and the store only render or save what this re
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -160,7 +161,7 @@ def accuracy_facts(result: dict, samples: Sequence[dict]) -> dict:
     a = result.get("accuracy")
     if a and a.get("n_bytes"):
         out["bits_per_byte"] = acc.bits_per_byte(a["nll_nats"], a["n_bytes"])
-        out["ppl"] = float(__import__("math").exp(a["nll_nats"] / max(a["positions"], 1)))
+        out["ppl"] = math.exp(a["nll_nats"] / max(a["positions"], 1))
     return out
 
 
