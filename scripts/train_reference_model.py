@@ -38,7 +38,7 @@ import math  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -258,15 +258,102 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def estimate_total_steps(step: int, step_seconds: float, seconds_left: float) -> int:
-    return step + max(1, int(seconds_left / max(step_seconds, 1e-6)))
+def make_optimizer(model: LlamaForCausalLM, args: argparse.Namespace) -> torch.optim.AdamW:
+    """AdamW; no weight decay on norms (1-D parameters)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=args.lr, betas=(0.9, 0.95))
+
+
+def train_step(model: LlamaForCausalLM, optimizer: torch.optim.Optimizer, batch: Batch,
+               lr: float) -> tuple[float, float]:
+    """One optimizer step; returns (weighted loss, answer loss)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss, answer_loss = batch_losses(model, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item(), answer_loss.item()
+
+
+@dataclass
+class Progress:
+    """What the run has done so far (the only mutable state of the loop)."""
+    started: float
+    total_steps: int
+    step: int = 0
+    tokens_seen: int = 0
+    loss: float | None = None          # exponential moving averages
+    answer_loss: float | None = None
+    eval_seconds: float = 0.0          # how long the last evaluate+save took
+    history: list[dict] = field(default_factory=list)
+
+    def record(self, tokens: int, loss: float, answer_loss: float) -> None:
+        self.step += 1
+        self.tokens_seen += tokens
+        self.loss = loss if self.loss is None else 0.95 * self.loss + 0.05 * loss
+        self.answer_loss = (answer_loss if self.answer_loss is None
+                            else 0.95 * self.answer_loss + 0.05 * answer_loss)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def planned_steps(step: int, step_seconds: float, seconds_left: float, eval_every_s: float,
+                  eval_seconds: float) -> int:
+    """Steps that fit in the time left after the evaluations still to come."""
+    evals_left = seconds_left / eval_every_s + 1
+    usable = seconds_left - evals_left * max(eval_seconds, 10.0)
+    return step + max(1, int(usable / max(step_seconds, 1e-6)))
+
+
+def training_report(progress: Progress, model: LlamaForCausalLM, args: argparse.Namespace,
+                    exact_match_by_seed: dict, final: bool) -> dict:
+    def rounded(x: float | None) -> float | None:
+        return round(x, 4) if x is not None else None
+
+    return {
+        "model": "builtin:tiny-structured", "final": final, "steps": progress.step,
+        "planned_steps": progress.total_steps, "tokens_seen": progress.tokens_seen,
+        "final_loss": rounded(progress.loss), "final_answer_loss": rounded(progress.answer_loss),
+        "exact_match": exact_match_by_seed, "parameters": parameter_count(model),
+        "wall_time_s": round(progress.elapsed(), 1),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "hyperparameters": {k: (str(v) if isinstance(v, Path) else v)
+                            for k, v in vars(args).items()},
+        "data": {"train_seeds": f"1000 + 1000000 * {args.seed} + step",
+                 "eval_seeds": list(EVAL_SEEDS), "eval_samples": args.eval_samples},
+        "torch": torch.__version__, "history": progress.history,
+    }
+
+
+def evaluate_and_save(progress: Progress, model: LlamaForCausalLM, tokenizer: Tokenizer,
+                      held_out: dict[int, list[dict]], args: argparse.Namespace,
+                      final: bool) -> None:
+    """Exact match on seed 0 (and seed 7 when final), then replace the output dir."""
+    t0 = time.perf_counter()
+    seeds = EVAL_SEEDS if final else EVAL_SEEDS[:1]
+    em = {f"seed{s}": exact_match(model, tokenizer, held_out[s]) for s in seeds}
+    progress.history.append({
+        "step": progress.step, "minutes": round(progress.elapsed() / 60, 2),
+        "loss": round(progress.loss, 4), "answer_loss": round(progress.answer_loss, 4),
+        "exact_match_seed0": em["seed0"]["overall"]})
+    save_atomically(args.out, model, tokenizer, training_report(progress, model, args, em, final))
+    progress.eval_seconds = time.perf_counter() - t0
+    print(f"[eval] step {progress.step} loss {progress.loss:.4f} answer "
+          f"{progress.answer_loss:.4f} exact match {json.dumps(em)} "
+          f"({progress.eval_seconds:.1f}s) -> saved {args.out}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    started = time.perf_counter()
+    progress = Progress(started=time.perf_counter(), total_steps=args.steps or 10 ** 9)
     budget_s = args.minutes * 60
     eval_every_s = 60 * (args.eval_minutes or min(5.0, max(0.5, args.minutes / 3)))
 
@@ -274,93 +361,40 @@ def main(argv: list[str] | None = None) -> None:
     ids = {name: tokenizer.token_to_id(name) for name in (BOS, EOS, PAD)}
     model = make_model(args, tokenizer)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.95))
+    optimizer = make_optimizer(model, args)
     held_out = {seed: generate_samples(args.eval_samples, seed) for seed in EVAL_SEEDS}
     print(f"tokenizer vocab {tokenizer.get_vocab_size()}, model params {parameter_count(model):,}, "
           f"budget {args.minutes} min, eval every {eval_every_s / 60:.1f} min", flush=True)
 
-    step, tokens_seen, loss_ema, answer_ema = 0, 0, None, None
-    total_steps = args.steps or 10 ** 9
-    eval_seconds = 0.0                     # how long the last evaluate+save took
-    last_eval_at = time.perf_counter()
-    window_start, window_steps = time.perf_counter(), 0
-    history: list[dict] = []
-
-    def report(final: bool, em: dict) -> dict:
-        return {
-            "model": "builtin:tiny-structured", "final": final, "steps": step,
-            "planned_steps": total_steps, "tokens_seen": tokens_seen,
-            "final_loss": round(loss_ema, 4) if loss_ema is not None else None,
-            "final_answer_loss": round(answer_ema, 4) if answer_ema is not None else None,
-            "exact_match": em, "parameters": parameter_count(model),
-            "wall_time_s": round(time.perf_counter() - started, 1),
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "hyperparameters": {k: (str(v) if isinstance(v, Path) else v)
-                                for k, v in vars(args).items()},
-            "data": {"train_seeds": f"1000 + 1000000 * {args.seed} + step",
-                     "eval_seeds": list(EVAL_SEEDS), "eval_samples": args.eval_samples},
-            "torch": torch.__version__, "history": history,
-        }
-
-    def evaluate_and_save(final: bool) -> None:
-        nonlocal eval_seconds, last_eval_at
-        t0 = time.perf_counter()
-        seeds = EVAL_SEEDS if final else EVAL_SEEDS[:1]
-        em = {f"seed{s}": exact_match(model, tokenizer, held_out[s]) for s in seeds}
-        history.append({"step": step, "minutes": round((t0 - started) / 60, 2),
-                        "loss": round(loss_ema, 4), "answer_loss": round(answer_ema, 4),
-                        "exact_match_seed0": em["seed0"]["overall"]})
-        save_atomically(args.out, model, tokenizer, report(final, em))
-        eval_seconds = time.perf_counter() - t0
-        last_eval_at = time.perf_counter()
-        print(f"[eval] step {step} loss {loss_ema:.4f} answer {answer_ema:.4f} "
-              f"exact match {json.dumps(em)} ({eval_seconds:.1f}s) -> saved {args.out}",
-              flush=True)
-
-    while step < total_steps:
-        elapsed = time.perf_counter() - started
-        if elapsed + eval_seconds * 2 + 5 > budget_s and step > 0:
-            break
-        lr = learning_rate(step, total_steps, args.lr, min(args.warmup_steps,
-                                                           max(10, total_steps // 10)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = make_batch(encode_pairs(tokenizer, training_samples(args.seed, step,
-                                                                    args.batch_size)),
-                           ids, args.answer_weight)
-        loss, answer_loss = batch_losses(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        step += 1
+    last_eval_at = window_start = time.perf_counter()
+    window_steps = 0
+    while progress.step < progress.total_steps:
+        if progress.step > 0 and progress.elapsed() + 2 * progress.eval_seconds + 5 > budget_s:
+            break  # leave time for the final evaluation (two seeds)
+        step = progress.step
+        warmup = min(args.warmup_steps, max(10, progress.total_steps // 10))
+        lr = learning_rate(step, progress.total_steps, args.lr, warmup)
+        samples = training_samples(args.seed, step, args.batch_size)
+        batch = make_batch(encode_pairs(tokenizer, samples), ids, args.answer_weight)
+        loss, answer_loss = train_step(model, optimizer, batch, lr)
+        progress.record(int(batch.mask.sum()), loss, answer_loss)
         window_steps += 1
-        tokens_seen += int(batch.mask.sum())
-        loss_value, answer_value = loss.item(), answer_loss.item()
-        loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
-        answer_ema = (answer_value if answer_ema is None
-                      else 0.95 * answer_ema + 0.05 * answer_value)
-        if step % 25 == 0:
-            print(f"step {step}/{total_steps} lr {lr:.2e} loss {loss_ema:.4f} "
-                  f"answer {answer_ema:.4f} "
-                  f"{time.perf_counter() - started:.0f}s", flush=True)
-        if args.steps is None and (step == 20 or time.perf_counter() - last_eval_at > eval_every_s):
-            # Re-plan: steps that fit in the time left, after the evaluations still to come.
+        if progress.step % 25 == 0:
+            print(f"step {progress.step}/{progress.total_steps} lr {lr:.2e} loss "
+                  f"{progress.loss:.4f} answer {progress.answer_loss:.4f} "
+                  f"{progress.elapsed():.0f}s", flush=True)
+        due = time.perf_counter() - last_eval_at > eval_every_s
+        if args.steps is None and (progress.step == 20 or due):
             now = time.perf_counter()
-            step_seconds = (now - window_start) / window_steps
-            left = budget_s - (now - started)
-            evals_left = left / eval_every_s + 1
-            total_steps = estimate_total_steps(step, step_seconds,
-                                               left - evals_left * max(eval_seconds, 10.0))
-            window_start, window_steps = now, 0
-        if time.perf_counter() - last_eval_at > eval_every_s:
-            evaluate_and_save(final=False)
+            progress.total_steps = planned_steps(
+                progress.step, (now - window_start) / window_steps,
+                budget_s - progress.elapsed(), eval_every_s, progress.eval_seconds)
+        if due:
+            evaluate_and_save(progress, model, tokenizer, held_out, args, final=False)
+            last_eval_at = time.perf_counter()
+        if due or progress.step == 20:
             window_start, window_steps = time.perf_counter(), 0
-    evaluate_and_save(final=True)
+    evaluate_and_save(progress, model, tokenizer, held_out, args, final=True)
 
 
 if __name__ == "__main__":

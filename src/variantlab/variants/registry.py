@@ -5,6 +5,7 @@ from typing import Any
 
 from ..errors import RecipeError
 from .dtype import DtypeRecipe
+from .quant import QUANT_RECIPES
 from .recipe import Recipe
 
 RECIPES: dict[str, Recipe] = {
@@ -12,6 +13,7 @@ RECIPES: dict[str, Recipe] = {
         DtypeRecipe("fp32", "the checkpoint in float32 (32 bits per weight)"),
         DtypeRecipe("bf16", "every weight and matmul in bfloat16; norms and softmax accumulate in fp32"),
         DtypeRecipe("fp16", "every weight and matmul in float16; norms and softmax accumulate in fp32"),
+        *QUANT_RECIPES,
     )
 }
 

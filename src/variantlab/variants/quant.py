@@ -1,0 +1,271 @@
+"""Quantization recipes: int8 (W8A16), w8a8, int4 (W4A16), w4a8 ("Flash") and sparse (2:4 + int8).
+
+Two steps, as in gpt-fast: the worker loads the checkpoint in `load_dtype` (the compute dtype, so
+that peak memory never holds an fp32 copy), then `apply` quantizes every nn.Linear it targets and
+swaps it in place for a module of quant_linear.py; model code knows nothing of this. Embeddings,
+norms and the LM head stay in the compute dtype unless an option says otherwise.
+
+What each recipe runs, and its cost, is in quant_linear.py's docstring; the measured per-layer
+timings come from benchmarks/quant_kernels.py. `unsupported_reason` does not trust names: it runs
+the recipe's kernel on a small layer on the device and checks it against the dequantized
+reference, so "unsupported" means "this torch build on this device cannot run it".
+
+The analysis describes variants as (weight_dtype, activation_dtype, quant_scheme);
+`recipe_from_analysis_vocabulary` maps those words to a recipe name and options.
+
+References: gpt-fast quantize.py (two-step recipes, tinygemm int4 layout); torchao's int4/int8
+CPU layouts; aten/src/ATen/native/cpu/int4mm_kernel.cpp (kernel conventions).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from ..errors import RecipeError, UnsupportedOnHardware
+from .recipe import VariantFacts, weight_facts
+
+GROUP_SIZES = (32, 64, 128)
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class QuantOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compute_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    dequant: Literal["kernel", "python"] = "kernel"
+    quantize_embeddings: bool = False
+    quantize_lm_head: bool = False
+
+    @field_validator("quantize_embeddings")
+    @classmethod
+    def _embeddings_stay(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("quantizing embeddings is not supported: they are a table lookup, not a matmul, "
+                             "and stay in compute_dtype; use quantize_embeddings: false")
+        return v
+
+
+class GroupQuantOptions(QuantOptions):
+    group_size: Literal[32, 64, 128] = 64
+    pad_to_group: bool = False  # zero-pad in_features up to a multiple of group_size where it does not divide
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    name: str
+    description: str
+    module: str  # class name in quant_linear
+    weights: str
+    activations: str  # "compute" (the compute dtype) or "int8"
+    scheme: str
+    options_model: type = QuantOptions
+    cuda_only: bool = False
+
+    @property
+    def grouped(self) -> bool:
+        return self.options_model is GroupQuantOptions
+
+    def unsupported_reason(self, device: str) -> str | None:
+        dev = device.split(":")[0]
+        if self.cuda_only and dev != "cuda":
+            return (f"unsupported on this hardware: {self.name} (2:4 semi-structured sparsity + int8) needs CUDA "
+                    f"with cuSPARSELt (compute capability 8.0+); torch has no {dev} kernel for it")
+        return _kernel_probe(self.module, device, "bf16", 64 if self.grouped else 0)
+
+    def load_dtype(self, options):
+        import torch
+        return getattr(torch, _DTYPES[options.compute_dtype])
+
+    def apply(self, model, options, device: str) -> VariantFacts:
+        from . import quant_linear as ql
+
+        dtype = self.load_dtype(options)
+        targets, kept = _targets(model, self.name, options.quantize_lm_head)
+        group = {"group_size": options.group_size} if self.grouped else {}
+        if self.grouped and not options.pad_to_group:
+            _check_group_size(targets, options.group_size)
+        if device.startswith("cuda") and self.activations == "int8":
+            _check_int_mm_shapes(targets, self.name)
+        if options.dequant == "kernel":
+            reason = _kernel_probe(self.module, device, options.compute_dtype, group.get("group_size", 0))
+            if reason:
+                raise UnsupportedOnHardware(f"{reason} (compute_dtype {options.compute_dtype}; "
+                                            "dequant: python runs anywhere)")
+        parameters = weight_facts(model)[0]  # logical weights, before packing
+        tied_head = _tied_head_quantized(model, targets)
+        cls = getattr(ql, self.module)
+        swapped = []
+        targets.reverse()
+        while targets:  # pop each layer as it is swapped, so that its unquantized weight can be freed at once
+            name, linear = targets.pop()
+            parent, _, child = name.rpartition(".")
+            new = cls(linear, dtype, options.dequant, **group)
+            setattr(model.get_submodule(parent) if parent else model, child, new)
+            swapped.append(new)
+        del linear
+        model.to(dtype)  # everything not swapped: embeddings, norms, kept linears
+        return _facts(self, model, options, parameters, swapped, kept, tied_head)
+
+
+def _targets(model, recipe: str, quantize_lm_head: bool):
+    """(name, nn.Linear) pairs to swap and the names of linears kept; refuse what cannot be swapped."""
+    from torch import nn
+
+    conv1d = [n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"]
+    if conv1d:
+        raise RecipeError(
+            f"GPT2 Conv1D layers are not nn.Linear; {type(model).__name__} has {len(conv1d)} "
+            f"(first: '{conv1d[0]}') and recipe '{recipe}' swaps nn.Linear layers only",
+            accepted="a causal LM whose projections are nn.Linear (Llama, Mistral, Qwen, Phi, ...)")
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    targets, kept = [], []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            if m is head and not quantize_lm_head:
+                kept.append(name)
+            else:
+                targets.append((name, m))
+    if not targets:
+        raise RecipeError(f"no quantizable layers: {type(model).__name__} has no nn.Linear layers"
+                          + (f" besides the LM head ({', '.join(kept)})" if kept else ""),
+                          accepted="a causal LM with nn.Linear projections, or quantize_lm_head: true")
+    return targets, kept
+
+
+def _check_group_size(targets, group_size: int) -> None:
+    bad = [(n, m.in_features) for n, m in targets if m.in_features % group_size]
+    if not bad:
+        return
+    widths = sorted({m.in_features for _, m in targets})
+    fits = [g for g in GROUP_SIZES if all(k % g == 0 for k in widths)]
+    name, k = bad[0]
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    sizes = " | ".join(map(str, GROUP_SIZES))
+    accepted = (f"group_size {' | '.join(map(str, fits))} for this model, or pad_to_group: true" if fits else
+                f"none of {sizes} divides every in_features ({', '.join(map(str, widths))}); "
+                "set pad_to_group: true to zero-pad in_features to a multiple of group_size")
+    raise RecipeError(f"group_size {group_size} does not divide in_features {k} of layer '{name}'{more}",
+                      field="group_size", accepted=accepted)
+
+
+def _check_int_mm_shapes(targets, recipe: str) -> None:
+    bad = [(n, m) for n, m in targets if m.in_features % 8 or m.out_features % 8]
+    if bad:
+        n, m = bad[0]
+        raise UnsupportedOnHardware(f"{recipe} on cuda: torch._int_mm needs in/out features divisible by 8; "
+                                    f"layer '{n}' is {m.in_features}→{m.out_features}")
+
+
+def _tied_head_quantized(model, targets) -> bool:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return (head is not None and emb is not None and any(m is head for _, m in targets)
+            and head.weight.data_ptr() == emb.weight.data_ptr())
+
+
+def _facts(recipe: QuantRecipe, model, options, parameters: int, swapped, kept, tied_head: bool) -> VariantFacts:
+    from torch import nn
+
+    params_q = sum(m.logical_parameters for m in swapped)
+    bytes_q = sum(t.numel() * t.element_size() for m in swapped for t in m.state_dict().values())
+    _, nbytes = weight_facts(model)
+    kernels = list(dict.fromkeys(m.kernel for m in swapped))
+    if any(isinstance(m, nn.Linear) for m in model.modules()):
+        kernels.append(f"aten::mm ({options.compute_dtype})")
+    notes = list(dict.fromkeys(n for m in swapped for n in m.notes))
+    if kept:
+        notes.append(f"kept in {options.compute_dtype}: {', '.join(kept)} (quantize_lm_head: true quantizes it)")
+    if tied_head:
+        notes.append("the LM head was tied to the embeddings: the quantized head is a second copy, "
+                     "so bytes exceed the untied count")
+    if any(m.device_type == "cuda" for m in swapped) and options.dequant == "kernel":
+        notes.append("the CUDA kernel paths are untested in CI (no GPU there); the build-time probe checked "
+                     "this layer type against its dequantized reference on this device")
+    if options.compute_dtype == "fp16" and not any(p.is_cuda for p in model.parameters()):
+        notes.append("fp16 on CPU: unquantized matmuls (LM head, attention) may run far slower than bf16")
+    extra = {"weights": recipe.weights, "activations": (options.compute_dtype if recipe.activations == "compute"
+                                                        else recipe.activations),
+             "scheme": recipe.scheme, "dequant": options.dequant, "quantized_layers": len(swapped),
+             "quantized_parameters": params_q, "quantized_bytes": bytes_q,
+             "quantized_bits_per_weight": 8 * bytes_q / max(params_q, 1)}
+    if recipe.grouped:
+        extra.update(group_size=options.group_size, pad_to_group=options.pad_to_group)
+    return VariantFacts(recipe=recipe.name, dtype=options.compute_dtype, parameters=parameters, weight_bytes=nbytes,
+                        bits_per_weight=8 * nbytes / max(parameters, 1), kernels=tuple(kernels),
+                        notes=tuple(notes), extra=extra)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_probe(module: str, device: str, compute_dtype: str, group_size: int) -> str | None:
+    """None when the module's kernel path runs on `device` and agrees with its python reference."""
+    import torch
+    from torch import nn
+
+    from . import quant_linear as ql
+
+    dtype = getattr(torch, _DTYPES[compute_dtype])
+    cls = getattr(ql, module)
+    kw = {"group_size": group_size} if group_size else {}
+    gen = torch.Generator().manual_seed(0)
+    try:
+        linear = nn.Linear(256, 64, bias=False)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(64, 256, generator=gen) * 0.05)
+        linear = linear.to(device)
+        fast, ref = cls(linear, dtype, "kernel", **kw), cls(linear, dtype, "python", **kw)
+        for m in (1, 5):
+            x = torch.randn(m, 256, generator=gen).to(device=device, dtype=dtype)
+            y, r = fast(x).float(), ref(x).float()
+            err = (y - r).abs().max().item()
+            if not err <= 0.05 * r.abs().max().item() + 1e-3:
+                return (f"unsupported on this hardware: {fast.kernel} gives wrong results on {device} "
+                        f"(max error {err:.3g} against the dequantized reference)")
+    except Exception as e:  # noqa: BLE001 - a missing kernel surfaces as RuntimeError, NotImplementedError, ...
+        label = getattr(cls, "kernel", "") or module
+        return f"unsupported on this hardware: {label} kernel path failed on {device}: {str(e).splitlines()[0]}"
+    return None
+
+
+_FLOATS = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16",
+           "fp32": "fp32", "float32": "fp32", "float": "fp32"}
+_VOCAB = ("int8/fp16|bf16|fp32 symmetric → int8; int8/int8 symmetric → w8a8; int4/fp16|bf16|fp32 asymmetric "
+          "→ int4; int4/int8 asymmetric → w4a8; fp16|bf16|fp32 with no scheme → itself")
+
+
+def recipe_from_analysis_vocabulary(weight_dtype: str, activation_dtype: str,
+                                    quant_scheme: str | None = None) -> tuple[str, dict]:
+    """('int4', 'int8', 'asymmetric') → ('w4a8', {}): the analysis's words to a recipe name and its options.
+
+    A missing quant_scheme means the recipe's own (symmetric for int8, asymmetric for int4)."""
+    w = _FLOATS.get(str(weight_dtype).strip().lower(), str(weight_dtype).strip().lower())
+    a = _FLOATS.get(str(activation_dtype).strip().lower(), str(activation_dtype).strip().lower())
+    s = None if quant_scheme is None else str(quant_scheme).strip().lower()
+    if w in _DTYPES and a == w and s in (None, "none"):
+        return w, {}
+    own = {"int8": "symmetric", "int4": "asymmetric"}.get(w)
+    if own and (s or own) == own:
+        if a in _DTYPES:
+            return ("int8" if w == "int8" else "int4"), ({} if a == "bf16" else {"compute_dtype": a})
+        if a == "int8":
+            return ("w8a8" if w == "int8" else "w4a8"), {}
+    raise RecipeError(f"no recipe for weight_dtype {weight_dtype}, activation_dtype {activation_dtype}, "
+                      f"quant_scheme {quant_scheme}", field="quant_scheme", accepted=_VOCAB)
+
+
+QUANT_RECIPES = (
+    QuantRecipe("int8", "W8A16: int8 per-channel symmetric weights, activations in compute_dtype "
+                "(aten::_weight_int8pack_mm on CPU)", "Int8WeightOnly", "int8", "compute", "symmetric"),
+    QuantRecipe("w8a8", "int8 per-channel weights × int8 per-token dynamic activations, int32 accumulate "
+                "(torch._int_mm)", "W8A8", "int8", "int8", "symmetric (dynamic activations)"),
+    QuantRecipe("int4", "W4A16: int4 group-wise asymmetric weights (scale + zero per group), activations in "
+                "compute_dtype (aten::_weight_int4pack_mm_for_cpu on CPU)", "Int4WeightOnly", "int4", "compute",
+                "asymmetric", GroupQuantOptions),
+    QuantRecipe("w4a8", "int4 group-wise asymmetric weights × int8 per-token activations (the analysis's "
+                "'Flash'; our torch._int_mm-per-group kernel)", "W4A8", "int4", "int8",
+                "asymmetric weights, symmetric dynamic activations", GroupQuantOptions),
+    QuantRecipe("sparse", "2:4 semi-structured pruned weights in int8 × int8 per-token activations "
+                "(cuSPARSELt; CUDA only)", "Sparse24Int8", "int8 2:4", "int8", "symmetric", cuda_only=True),
+)

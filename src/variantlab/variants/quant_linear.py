@@ -1,0 +1,269 @@
+"""Quantized drop-in replacements for nn.Linear: what `apply` swaps into a model.
+
+Each module stores its weight in a quantized format (buffers, so that `state_dict` holds exactly
+what is resident and `weight_facts` counts it) and runs one of two paths, fixed at construction:
+
+- kernel: the fastest aten kernel this device has for the scheme (below), or ours where aten has none;
+- python: dequantize the whole weight in plain PyTorch ops on every call, then aten::mm. A labelled
+  slow path: the dequantization overhead of the analysis, and the naive reference that every
+  kernel path is tested against (tests/variants/).
+
+`kernel` is the label of what forward actually runs; `notes` says where that is not what the scheme's
+name suggests (a fallback, padding, an unpacked layout).
+
+| module            | CPU kernel path                                   | CUDA kernel path (untested here)      |
+|-------------------|---------------------------------------------------|---------------------------------------|
+| Int8WeightOnly    | aten::_weight_int8pack_mm(x, q[N,K], s[N])        | int8→dtype cast + aten::mm            |
+| Int4WeightOnly    | aten::_weight_int4pack_mm_for_cpu                 | aten::_weight_int4pack_mm (bf16 only) |
+| W8A8              | per-token int8 quant + torch._int_mm(xq, q.t())   | same; M padded to 32 when M ≤ 16      |
+| W4A8              | ours: per-token int8 quant + one torch._int_mm    | same                                  |
+|                   | per group over int4 values held unpacked as int8  |                                       |
+| Sparse24Int8      | (none: recipe unsupported on CPU)                 | torch._cslt_sparse_mm (cuSPARSELt)    |
+
+W4A8 has no usable aten kernel on x86 CPU: aten::_dyn_quant_matmul_4bit exists, but outside
+Arm/KleidiAI it is a scalar reference loop for symmetric weights only (measured here at 1024×1024:
+10x bf16 at M = 1, 68x at M = 8). Ours computes, per group g of the K axis,
+P_g = xq[:, g] @ (q[:, g] − 8)ᵀ in int32 with torch._int_mm, then
+y = a · Σ_g (s_g · P_g + z_g · Σ_k xq[:, g]) — G = K/group_size kernel calls per layer, and the
+int4 values are unpacked to int8 once at load time, so the weight is *resident* at 8 bits (+ scales
+and zeros); a packed store would be 4 + 32/group_size bits. Both costs are findings, not hidden.
+
+_int_mm's second operand is passed as q.t() of a row-major [N, K] weight (column-major [K, N]):
+on our CPU that is 2-3x faster than a contiguous [K, N] copy (oneDNN's preferred weight layout).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import quant_packing as qp
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch._int_mm (int8 [M,K] @ int8 [K,N] → int32) on any M: CUDA needs M > 16, so pad rows there."""
+    m = a.shape[0]
+    if a.is_cuda and m <= 16:
+        return torch._int_mm(F.pad(a, (0, 0, 0, 32 - m)), b)[:m]
+    return torch._int_mm(a, b)
+
+
+class QuantLinear(nn.Module):
+    """Shared shape handling: flatten leading dims, run `_mm` on [M, K], add bias, restore dims."""
+
+    kernel: str = ""
+    notes: tuple[str, ...] = ()
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str) -> None:
+        super().__init__()
+        if path not in ("kernel", "python"):
+            raise ValueError(f"path must be 'kernel' or 'python', not {path!r}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype, self.path, self.device_type = dtype, path, linear.weight.device.type
+        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        self.register_buffer("bias", bias)
+
+    @property
+    def logical_parameters(self) -> int:
+        return self.in_features * self.out_features + (self.out_features if self.bias is not None else 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
+        y = self._mm(x2) if self.path == "kernel" else self._mm_python(x2)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, path={self.path}, kernel={self.kernel}"
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _mm_python(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Int8WeightOnly(QuantLinear):
+    """W8A16: int8 per-output-channel symmetric weights, activations in the compute dtype."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel") -> None:
+        super().__init__(linear, dtype, path)
+        q, s = qp.quantize_int8_per_channel(linear.weight, dtype)
+        self.register_buffer("qweight", q)  # [N, K] int8
+        self.register_buffer("scales", s)   # [N] dtype
+        name = DTYPE_NAMES[dtype]
+        if path == "python":
+            self.kernel = f"python dequant int8→{name} + aten::mm ({name})"
+        elif self.device_type == "cpu":
+            self.kernel = "aten::_weight_int8pack_mm"
+        else:
+            self.kernel = f"aten::mm ({name}) on an int8→{name} cast per call"
+            self.notes = (f"int8 on {self.device_type}: aten has no fast weight-only int8 matmul here; the "
+                          f"weight is cast to {name} on every call (dequantization overhead)",)
+
+    def _mm(self, x):
+        if self.device_type == "cpu":
+            return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
+        return F.linear(x, self.qweight.to(x.dtype)) * self.scales
+
+    def _mm_python(self, x):
+        return F.linear(x, qp.dequantize_int8_per_channel(self.qweight, self.scales, x.dtype))
+
+
+class W8A8(QuantLinear):
+    """int8 per-channel symmetric weights × int8 per-token symmetric activations (dynamic), int32 accumulate."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel") -> None:
+        super().__init__(linear, dtype, path)
+        q, s = qp.quantize_int8_per_channel(linear.weight, dtype)
+        self.register_buffer("qweight", q)  # [N, K] int8; passed to _int_mm as q.t()
+        self.register_buffer("scales", s)   # [N] dtype
+        self.kernel = ("aten::_int_mm" if path == "kernel"
+                       else f"python dequant int8→{DTYPE_NAMES[dtype]} + fake-quant activations + aten::mm")
+        if path == "kernel" and self.device_type == "cuda":
+            self.notes = ("w8a8 on cuda: torch._int_mm needs M > 16, so decode rows are zero-padded to 32",)
+
+    def _mm(self, x):
+        xq, a = qp.quantize_int8_per_token(x)
+        acc = int_mm(xq, self.qweight.t())
+        return (acc * a * self.scales.float()).to(x.dtype)
+
+    def _mm_python(self, x):
+        w = qp.dequantize_int8_per_channel(self.qweight, self.scales, x.dtype)
+        return F.linear(qp.fake_quantize_int8_per_token(x), w)
+
+
+class _GroupWise(QuantLinear):
+    """Common to int4 group-wise modules: group size and zero-padding of K to a multiple of it."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str, group_size: int) -> None:
+        super().__init__(linear, dtype, path)
+        self.group_size = group_size
+        self.k_pad = -self.in_features % group_size  # > 0 only when the recipe allowed pad_to_group
+
+    def _padded_weight(self, linear: nn.Linear, n_pad: int = 0) -> torch.Tensor:
+        return F.pad(linear.weight.detach(), (0, self.k_pad, 0, n_pad))
+
+    def _pad_x(self, x):
+        return F.pad(x, (0, self.k_pad)) if self.k_pad else x
+
+    def _python_weight(self, dtype):
+        q = qp.unpack_nibbles(self.qpacked)
+        w = qp.dequantize_int4_groupwise(q, self.scales, self.zeros, self.group_size, dtype)
+        return w[:, :self.in_features]
+
+    def _store_python(self, linear: nn.Linear) -> None:
+        q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), self.group_size, self.dtype)
+        self.register_buffer("qpacked", qp.pack_nibbles(q))  # [N, K'/2] uint8, two weights a byte
+        self.register_buffer("scales", s)                     # [N, G] dtype
+        self.register_buffer("zeros", z)                      # [N, G] dtype
+
+    def _pad_note(self) -> tuple[str, ...]:
+        if not self.k_pad:
+            return ()
+        return (f"in_features {self.in_features} zero-padded to {self.in_features + self.k_pad} "
+                f"(group_size {self.group_size}); activations are padded on every call",)
+
+
+class Int4WeightOnly(_GroupWise):
+    """W4A16: int4 group-wise asymmetric weights (scale + zero per group), activations in the compute dtype."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64) -> None:
+        super().__init__(linear, dtype, path, group_size)
+        name = DTYPE_NAMES[dtype]
+        self.notes = self._pad_note()
+        if path == "python":
+            self._store_python(linear)
+            self.kernel = f"python dequant int4→{name} + aten::mm ({name})"
+            return
+        self.n_pad = -self.out_features % 16  # the packing kernels need N divisible by 16 (CPU) / 8 (CUDA)
+        q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear, self.n_pad), group_size, dtype)
+        if self.device_type == "cpu":
+            packed, self.kernel = qp.pack_int4_for_cpu(q), "aten::_weight_int4pack_mm_for_cpu"
+        else:
+            k = q.shape[1]
+            tiles = 8 if k % 128 == 0 else 4 if k % 64 == 0 else 2
+            packed, self.kernel = qp.pack_int4_for_cuda(q, tiles), "aten::_weight_int4pack_mm"
+        self.register_buffer("packed", packed)                             # opaque kernel layout, 4 bits a weight
+        self.register_buffer("scales_and_zeros", qp.scales_and_zeros(s, z))  # [G, N', 2] dtype
+        if self.n_pad:
+            self.notes += (f"out_features {self.out_features} padded to {self.out_features + self.n_pad} "
+                           "for the int4 kernel's layout",)
+
+    def _mm(self, x):
+        x = self._pad_x(x)
+        if self.device_type == "cpu":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
+        return y[:, :self.out_features] if self.n_pad else y
+
+    def _mm_python(self, x):
+        return F.linear(x, self._python_weight(x.dtype))
+
+
+class W4A8(_GroupWise):
+    """int4 group-wise asymmetric weights × int8 per-token symmetric activations (the analysis's "Flash")."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64) -> None:
+        super().__init__(linear, dtype, path, group_size)
+        self.notes = self._pad_note()
+        if path == "python":
+            self._store_python(linear)
+            self.kernel = f"python dequant int4→{DTYPE_NAMES[dtype]} + fake-quant activations + aten::mm"
+            return
+        q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), group_size, dtype)
+        n, k = q.shape
+        centred = (q.to(torch.int8) - qp.INT4_MID).reshape(n, k // group_size, group_size)
+        self.register_buffer("qweight", centred.transpose(0, 1).contiguous())  # [G, N, gs] int8 in [-8, 7]
+        self.register_buffer("scales", s.t().contiguous())                      # [G, N] dtype
+        self.register_buffer("zeros", z.t().contiguous())                       # [G, N] dtype
+        self.kernel = "ours: torch._int_mm per int4 group (int8 activations)"
+        self.notes += ("w4a8 has no aten kernel here: ours runs one torch._int_mm per group "
+                       "(in_features / group_size calls a layer) and holds the int4 values unpacked as int8 "
+                       "(8 bits a weight resident, + scales and zeros)",)
+
+    def _mm(self, x):
+        xq, a = qp.quantize_int8_per_token(self._pad_x(x))
+        m = xq.shape[0]
+        groups = self.qweight.shape[0]
+        xg = xq.reshape(m, groups, self.group_size).transpose(0, 1).contiguous()  # [G, M, gs]
+        s = self.scales.float()
+        acc = xg.sum(dim=-1, dtype=torch.int32).t().float() @ self.zeros.float()  # zero-point term, [M, N]
+        for g in range(groups):
+            acc.addcmul_(int_mm(xg[g], self.qweight[g].t()), s[g])
+        return (acc * a).to(x.dtype)
+
+    def _mm_python(self, x):
+        return F.linear(qp.fake_quantize_int8_per_token(x), self._python_weight(x.dtype))
+
+
+class Sparse24Int8(QuantLinear):
+    """2:4 semi-structured pruned weights in int8 (per channel) × int8 per-token activations. CUDA only."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel") -> None:
+        super().__init__(linear, dtype, path)
+        q, s = qp.quantize_int8_per_channel(qp.prune_2_4(linear.weight.detach().float()), dtype)
+        self.register_buffer("scales", s)
+        if path == "python":
+            self.register_buffer("qweight", q)  # dense int8 with zeros: the reference
+            self.kernel = f"python dequant 2:4 int8→{DTYPE_NAMES[dtype]} + aten::mm (dense)"
+        else:
+            self.register_buffer("compressed", torch._cslt_compress(q))  # values + metadata, cuSPARSELt layout
+            self.kernel = "aten::_cslt_sparse_mm (cuSPARSELt, int8)"
+
+    def _mm(self, x):
+        xq, a = qp.quantize_int8_per_token(x)
+        m = xq.shape[0]
+        pad = -m % 16
+        xt = F.pad(xq, (0, 0, 0, pad)).t().contiguous()  # [K, M'] dense operand
+        acc = torch._cslt_sparse_mm(self.compressed, xt, out_dtype=torch.int32)[:, :m].t()
+        return (acc * a * self.scales.float()).to(x.dtype)
+
+    def _mm_python(self, x):
+        w = qp.dequantize_int8_per_channel(self.qweight, self.scales, x.dtype)
+        return F.linear(qp.fake_quantize_int8_per_token(x), w)

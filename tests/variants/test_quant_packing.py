@@ -1,0 +1,187 @@
+"""Quantization formats and kernels, no model: round-trip bounds and every kernel path against
+the dequantized reference (variants/quant_packing.py, variants/quant_linear.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from variantlab.variants import quant_linear as ql
+from variantlab.variants import quant_packing as qp
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+ROWS = [1, 7, 64]
+
+
+def _weight(n=48, k=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[0] = 0.0               # an all-zero row (and all-zero groups)
+    w[1, :128] = 0.3         # constant groups
+    w[2, 64:128] = -5.0      # a constant group far from zero
+    w[3, :32] = 1e-30        # a range far below any scale's resolution
+    return w
+
+
+def _ulp(dtype):
+    return torch.finfo(dtype).eps  # relative rounding step of the storage dtype (2**-7 bf16, 2**-10 fp16)
+
+
+# --- round trips ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_per_channel_round_trip_is_within_half_a_step(dtype):
+    w = _weight()
+    q, s = qp.quantize_int8_per_channel(w, dtype)
+    assert q.dtype == torch.int8 and s.dtype == dtype and q.abs().max() <= 127
+    d = qp.dequantize_int8_per_channel(q, s)
+    assert torch.isfinite(d).all()
+    amax = w.abs().amax(1, keepdim=True)
+    bound = s.float()[:, None] / 2 + amax * _ulp(dtype) + 1e-30
+    assert ((d - w).abs() <= bound).all()
+    assert (d[0] == 0).all()  # all-zero row: exact
+    assert torch.allclose(d[1, :128], torch.full((128,), 0.3), rtol=2 * _ulp(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_int4_groupwise_round_trip_is_within_half_a_step(dtype, group_size):
+    w = _weight()
+    q, s, z = qp.quantize_int4_groupwise(w, group_size, dtype)
+    n, k = w.shape
+    assert q.dtype == torch.uint8 and q.max() <= 15 and s.shape == z.shape == (n, k // group_size)
+    d = qp.dequantize_int4_groupwise(q, s, z, group_size)
+    assert torch.isfinite(d).all()
+    step = s.float().repeat_interleave(group_size, 1)
+    zero_err = (z.float().abs() * _ulp(dtype)).repeat_interleave(group_size, 1)
+    assert ((d - w).abs() <= step / 2 + zero_err + 1e-30).all()
+    assert (d[0] == 0).all()
+    assert torch.allclose(d[2, 64:128], torch.full((64,), -5.0), rtol=2 * _ulp(dtype))
+    # a random group really uses the grid: error well below the range/15 step on average
+    assert (d[8:] - w[8:]).abs().mean() < 0.3 * s[8:].float().mean()
+
+
+def test_int4_rejects_a_group_size_that_does_not_divide():
+    with pytest.raises(ValueError, match="does not divide"):
+        qp.quantize_int4_groupwise(torch.randn(16, 96), 64)
+
+
+def test_per_token_activation_quantization():
+    x = torch.randn(5, 64)
+    x[2] = 0.0
+    q, a = qp.quantize_int8_per_token(x)
+    assert q.dtype == torch.int8 and a.shape == (5, 1) and torch.isfinite(a).all()
+    assert ((q.float() * a - x).abs() <= a / 2 + 1e-7).all()
+    assert (q[2] == 0).all()
+    assert torch.isfinite(qp.fake_quantize_int8_per_token(x.bfloat16()).float()).all()
+
+
+def test_nibble_packing_round_trips():
+    q = torch.randint(0, 16, (32, 64), dtype=torch.uint8)
+    p = qp.pack_nibbles(q)
+    assert p.shape == (32, 32) and p.dtype == torch.uint8
+    assert torch.equal(qp.unpack_nibbles(p), q)
+
+
+def test_prune_2_4_keeps_the_two_largest_of_every_four():
+    w = torch.randn(8, 64)
+    p = qp.prune_2_4(w)
+    groups = (p != 0).reshape(8, 16, 4).sum(-1)
+    assert (groups == 2).all()
+    kept = p.reshape(8, 16, 4).abs().sort(-1).values[..., 2:]
+    assert torch.equal(kept, w.reshape(8, 16, 4).abs().sort(-1).values[..., 2:])
+
+
+# --- raw kernels against the dequantized reference ---------------------------------------------
+
+@pytest.mark.parametrize("m", ROWS)
+def test_weight_int8pack_mm_matches_reference(m):
+    w = _weight()
+    q, s = qp.quantize_int8_per_channel(w, torch.float32)
+    x = torch.randn(m, w.shape[1])
+    y = torch.ops.aten._weight_int8pack_mm(x, q, s)
+    torch.testing.assert_close(y, x @ qp.dequantize_int8_per_channel(q, s).T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_weight_int4pack_mm_for_cpu_matches_reference(m, group_size):
+    """The kernel's zero convention is (q − 8)·s + z with scales_and_zeros [G, N, 2]."""
+    w = _weight()
+    q, s, z = qp.quantize_int4_groupwise(w, group_size, torch.float32)
+    x = torch.randn(m, w.shape[1])
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, qp.pack_int4_for_cpu(q), group_size, qp.scales_and_zeros(s, z))
+    ref = x @ qp.dequantize_int4_groupwise(q, s, z, group_size).T
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", ROWS)
+def test_int_mm_is_exact(m):
+    a = torch.randint(-127, 128, (m, 96), dtype=torch.int8)
+    b = torch.randint(-127, 128, (40, 96), dtype=torch.int8)
+    assert torch.equal(ql.int_mm(a, b.t()), a.int() @ b.int().t())
+
+
+# --- modules: kernel path against the python (dequantize-every-call) path ------------------------
+
+MODULES = [(ql.Int8WeightOnly, {}), (ql.W8A8, {}), (ql.Int4WeightOnly, {"group_size": 32}),
+           (ql.Int4WeightOnly, {"group_size": 128}), (ql.W4A8, {"group_size": 64})]
+
+
+def _linear(k=256, n=48, bias=True, seed=1):
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(_weight(n, k, seed))
+    return lin
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("cls,kw", MODULES)
+def test_kernel_path_matches_python_path_in_fp32(cls, kw, m):
+    lin = _linear()
+    fast, ref = cls(lin, torch.float32, "kernel", **kw), cls(lin, torch.float32, "python", **kw)
+    x = torch.randn(m, 256)
+    torch.testing.assert_close(fast(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cls,kw", MODULES)
+def test_kernel_path_matches_python_path_in_bf16_with_3d_input(cls, kw):
+    lin = _linear()
+    fast, ref = cls(lin, torch.bfloat16, "kernel", **kw), cls(lin, torch.bfloat16, "python", **kw)
+    x = torch.randn(2, 7, 256, dtype=torch.bfloat16)
+    y, r = fast(x), ref(x)
+    assert y.shape == (2, 7, 48) and y.dtype == torch.bfloat16
+    err = (y.float() - r.float()).abs().max()
+    assert err <= 0.02 * r.float().abs().max()
+
+
+@pytest.mark.parametrize("cls,kw", MODULES)
+def test_quantized_layer_stays_close_to_the_fp32_layer(cls, kw):
+    lin = _linear(bias=False)
+    mod = cls(lin, torch.float32, "kernel", **kw)
+    x = torch.randn(16, 256)
+    ref = lin(x).detach()
+    rel = (mod(x) - ref).norm() / ref.norm()
+    assert rel < (0.02 if "int8" in cls.__name__.lower() or cls is ql.W8A8 else 0.15)
+
+
+@pytest.mark.parametrize("cls", [ql.Int4WeightOnly, ql.W4A8])
+@pytest.mark.parametrize("path", ["kernel", "python"])
+def test_in_features_padded_to_the_group_size(cls, path):
+    lin = _linear(k=200, n=40)  # 200 % 64 != 0; 40 % 16 != 0 (int4 CPU kernel pads N too)
+    mod = cls(lin, torch.float32, path, group_size=64)
+    assert mod.k_pad == 56 and any("zero-padded" in n for n in mod.notes)
+    x = torch.randn(3, 200)
+    ref = lin(x).detach()
+    assert (mod(x) - ref).norm() / ref.norm() < 0.15
+    other = cls(lin, torch.float32, "python" if path == "kernel" else "kernel", group_size=64)
+    torch.testing.assert_close(mod(x), other(x), rtol=1e-4, atol=1e-4)
+
+
+def test_int4_kernel_path_stores_four_bits_plus_scales():
+    lin = _linear(k=256, n=64, bias=False)
+    mod = ql.Int4WeightOnly(lin, torch.bfloat16, "kernel", group_size=64)
+    nbytes = sum(t.numel() * t.element_size() for t in mod.state_dict().values())
+    assert nbytes == 64 * 256 // 2 + (256 // 64) * 64 * 2 * 2  # packed nibbles + bf16 scale and zero per group
+    assert 8 * nbytes / (64 * 256) == 4.5
