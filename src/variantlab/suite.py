@@ -82,6 +82,10 @@ class VariantSpec(_Frozen):
     recipe: str = Field("fp32", description="recipe name: see `variantlab recipes`")
     options: dict[str, Any] = Field(default_factory=dict, description="recipe options")
     model: str | None = Field(None, description="a checkpoint of this variant's own (local directory)")
+    # The analysis's vocabulary, mapped to the same recipes (int4 weights + int8 activations → w4a8).
+    weight_dtype: str | None = Field(None, description="int8 | int4 | bf16 | fp16 | fp32 (instead of recipe)")
+    activation_dtype: str | None = Field(None, description="int8 | bf16 | fp16 | fp32 (with weight_dtype)")
+    quant_scheme: str | None = Field(None, description="symmetric | asymmetric (with weight_dtype)")
 
 
 class SLOSpec(_Frozen):

@@ -130,6 +130,7 @@ class Comparison:
     tokenizers: dict[str, str | None]
     rows: tuple[Row, ...]
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    builds: dict[str, dict] = field(default_factory=dict)   # per variant: recipe, device, kernels, notes
 
     def row(self, key: str) -> Row:
         return next(r for r in self.rows if r.key == key)
@@ -137,12 +138,12 @@ class Comparison:
     def to_json(self) -> dict:
         return {"baseline": self.baseline, "variants": list(self.variants), "status": self.status,
                 "reasons": self.reasons, "tokenizers": self.tokenizers,
-                "rows": [r.to_json() for r in self.rows], "warnings": list(self.warnings)}
+                "rows": [r.to_json() for r in self.rows], "warnings": list(self.warnings), "builds": self.builds}
 
     @classmethod
     def from_json(cls, d: dict) -> "Comparison":
         return cls(d["baseline"], tuple(d["variants"]), d["status"], d["reasons"], d["tokenizers"],
-                   tuple(Row.from_json(r) for r in d["rows"]), tuple(d.get("warnings", ())))
+                   tuple(Row.from_json(r) for r in d["rows"]), tuple(d.get("warnings", ())), d.get("builds", {}))
 
 
 # ------------------------------------------------------------------ accuracy against the baseline
@@ -213,6 +214,15 @@ def compare_variants(results: dict[str, dict], baseline: str) -> Comparison:
                 note = "; ".join(f"{n}: not comparable ({w})" for n, w in why.items())
         rows.append(Row(d.key, d.label + (f" [{d.scenario}]" if d.scenario else ""), d.unit,
                         d.lower_is_better, cells, deltas, note, d.checks_stability))
+    builds = {n: build_summary(results[n]) for n in names if n in ok}
+    warnings += [f"{n}: {note}" for n, b in builds.items() for note in b["notes"]]
     return Comparison(baseline, names, {n: results[n].get("status", "failed") for n in names},
                       {n: results[n].get("reason") for n in names},
-                      {n: results[n].get("tokenizer_id") for n in names}, tuple(rows), tuple(warnings))
+                      {n: results[n].get("tokenizer_id") for n in names}, tuple(rows), tuple(warnings), builds)
+
+
+def build_summary(result: dict) -> dict:
+    """What ran: recipe, dtype, device and the kernels the layers used, with any fallback notes."""
+    facts = result.get("facts", {})
+    return {"recipe": facts.get("recipe"), "dtype": facts.get("dtype"), "device": result.get("device"),
+            "kernels": list(facts.get("kernels", ())), "notes": list(facts.get("notes", ()))}

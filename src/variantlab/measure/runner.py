@@ -20,7 +20,7 @@ from ..environment import host_fingerprint
 from ..models.loading import check_model_dir, resolve_model_path
 from ..store import DEFAULT_STORE, Store
 from ..suite import Suite, load_suite
-from ..variants.registry import get_recipe, parse_options
+from ..variants.registry import resolve_variant_recipe
 from .analysis import Comparison, accuracy_facts, compare_variants, distribution_facts
 from .executor import Executor, LocalProcessExecutor
 
@@ -65,13 +65,12 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
     planned = []
     for i, v in enumerate(suite.variants):
         field = f"variants[{i}]"
-        recipe = get_recipe(v.recipe, file=suite_path, field=f"{field}.recipe")
-        parse_options(recipe, v.options, file=suite_path, field=f"{field}.options")
+        recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)
         path = base_model
         if v.model is not None:
             path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
             check_model_dir(path, file=suite_path, field=f"{field}.model")
-        planned.append(PlannedVariant(v.name, v.recipe, dict(v.options), path))
+        planned.append(PlannedVariant(v.name, recipe, options, path))
     planned.sort(key=lambda p: p.name != suite.baseline_name)
     ds = suite.workload.dataset
     if ds.path is not None:

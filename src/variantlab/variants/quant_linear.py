@@ -86,6 +86,49 @@ class QuantLinear(nn.Module):
     def _mm_python(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # --- artifacts (variants/artifact.py): rebuild a module as it runs, without quantizing again
+
+    def state(self) -> dict:
+        """JSON metadata that, with this module's state_dict, rebuilds it (`from_state`).
+
+        Every plain attribute the constructor set (shapes, dtype, path, device type, group size,
+        padding, kernel label, notes) and which buffers hold a tensor; the tensors themselves are saved
+        by the caller. An attribute of another type raises TypeError, so an artifact never drops state."""
+        attrs: dict = {}
+        for key, value in vars(self).items():
+            if key.startswith("_") or key == "training":
+                continue
+            if isinstance(value, torch.dtype):
+                value = {"dtype": str(value).removeprefix("torch.")}
+            elif isinstance(value, tuple):
+                value = {"tuple": list(value)}
+            elif not isinstance(value, (str, int, float, bool, type(None))):
+                raise TypeError(f"{type(self).__name__}.{key} is a {type(value).__name__}, which an artifact "
+                                "cannot record")
+            attrs[key] = value
+        return {"class": type(self).__name__, "attrs": attrs,
+                "buffers": {name: b is not None for name, b in self._buffers.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict, tensors: dict[str, torch.Tensor]) -> "QuantLinear":
+        """The module `state()` described, holding `tensors` (its own state_dict) as its buffers."""
+        if state.get("class") != cls.__name__:
+            raise ValueError(f"state of a {state.get('class')}, not of a {cls.__name__}")
+        expected = {name for name, present in state["buffers"].items() if present}
+        if set(tensors) != expected:
+            raise ValueError(f"{cls.__name__} needs tensors {sorted(expected)}, got {sorted(tensors)}")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        for key, value in state["attrs"].items():
+            if isinstance(value, dict) and "dtype" in value:
+                value = getattr(torch, value["dtype"])
+            elif isinstance(value, dict) and "tuple" in value:
+                value = tuple(value["tuple"])
+            setattr(module, key, value)
+        for name, present in state["buffers"].items():
+            module.register_buffer(name, tensors[name] if present else None)
+        return module
+
 
 class Int8WeightOnly(QuantLinear):
     """W8A16: int8 per-output-channel symmetric weights, activations in the compute dtype."""

@@ -5,6 +5,7 @@ from typing import Any
 
 from ..errors import RecipeError
 from .dtype import DtypeRecipe
+from .mixed import MixedRecipe
 from .quant import QUANT_RECIPES
 from .recipe import Recipe
 
@@ -14,6 +15,7 @@ RECIPES: dict[str, Recipe] = {
         DtypeRecipe("bf16", "every weight and matmul in bfloat16; norms and softmax accumulate in fp32"),
         DtypeRecipe("fp16", "every weight and matmul in float16; norms and softmax accumulate in fp32"),
         *QUANT_RECIPES,
+        MixedRecipe(),
     )
 }
 
@@ -35,5 +37,33 @@ def parse_options(recipe: Recipe, options: dict[str, Any], *, file: str | None =
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         accepted = ", ".join(recipe.options_model.model_fields) or "no options"
-        raise RecipeError(f"{err['msg']} for option '{loc}' of recipe '{recipe.name}'", file=file,
+        msg = err["msg"].removeprefix("Value error, ")
+        raise RecipeError(f"{msg} for option '{loc}' of recipe '{recipe.name}'", file=file,
                           field=field, accepted=accepted) from None
+
+
+def resolve_variant_recipe(variant, *, file: str | None = None, field: str = "variants[?]") -> tuple[str, dict]:
+    """(recipe name, validated options as a dict) of a suite variant, in either vocabulary.
+
+    `weight_dtype`/`activation_dtype`/`quant_scheme` (the analysis's words) map to a recipe and its
+    options; options the variant names explicitly win over the mapping's.
+    """
+    from .quant import recipe_from_analysis_vocabulary
+
+    name, options = variant.recipe, dict(variant.options)
+    words = (variant.weight_dtype, variant.activation_dtype, variant.quant_scheme)
+    if any(w is not None for w in words):
+        if "recipe" in variant.model_fields_set:
+            raise RecipeError("give either recipe or weight_dtype/activation_dtype/quant_scheme, not both",
+                              file=file, field=f"{field}.recipe", accepted="one vocabulary per variant")
+        if variant.weight_dtype is None or variant.activation_dtype is None:
+            raise RecipeError("weight_dtype and activation_dtype go together", file=file,
+                              field=f"{field}.weight_dtype", accepted="both, and optionally quant_scheme")
+        try:
+            name, mapped = recipe_from_analysis_vocabulary(*words)
+        except RecipeError as e:
+            raise RecipeError(e.detail, file=file, field=f"{field}.quant_scheme", accepted=e.accepted) from None
+        options = mapped | options
+    recipe = get_recipe(name, file=file, field=f"{field}.recipe")
+    parse_options(recipe, options, file=file, field=f"{field}.options")
+    return name, options
