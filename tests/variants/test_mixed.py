@@ -12,8 +12,17 @@ from variantlab.variants import quant_linear as ql
 from variantlab.variants.registry import RECIPES, get_recipe, parse_options
 
 RECIPE = get_recipe("mixed")
-BUDGETS = [1e-9, 1e-3, 1e-2, 1e-1, 1e9]  # on the conftest model these give 16 | 16+8 | 8+16 | 8+4 | 4 bits
+BUDGETS = [1e-9, 1e-3, 1e-2, 1e-1, 1e9]  # on the conftest model: 16 | 16+8 | 16+8 | 8+4 | 4 bits
 FAST = {"calibration_samples": 4, "group_size": 32}  # the conftest model is 32 wide
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Dozens of small forward passes: one thread is faster than two on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _options(**options):
@@ -83,6 +92,45 @@ def test_prediction_is_the_longest_prefix_within_budget():
     assert mixed.predicted_prefix(steps8, SENS, (8, 4), 0.06) == 1
 
 
+def _fake_model(factor):
+    """(plan, put, kld) over SENS: the 'measured' KLD is factor(plan) × the sum of the layers' sensitivities."""
+    plan = {n: 16 for n in SENS}
+    put = plan.__setitem__
+    kld = lambda: factor(plan) * sum(0.0 if b == 16 else SENS[n][b] for n, b in plan.items())  # noqa: E731
+    return plan, put, kld
+
+
+def test_walk_backs_off_when_the_measurement_is_worse_than_predicted():
+    steps = mixed.order_steps(SENS, BYTES, (16, 8, 4))
+    plan, put, kld = _fake_model(lambda plan: 2.0)  # super-additive
+    taken, measured, passes = mixed._walk(steps, 3, 0.0051, put, kld)  # predicted: 3 steps, 0.005
+    assert (taken, passes) == (1, 3) and measured == pytest.approx(0.002)  # 0.010 and 0.006 undone
+    assert plan == {"a": 8, "b": 16, "c": 16}
+
+
+def test_walk_walks_on_when_the_measurement_is_better_than_predicted():
+    steps = mixed.order_steps(SENS, BYTES, (16, 8, 4))
+    plan, put, kld = _fake_model(lambda plan: 0.5)  # sub-additive
+    taken, measured, passes = mixed._walk(steps, 3, 0.03, put, kld)  # predicted 3: 0.0025 measured
+    assert (taken, passes) == (4, 3) and measured == pytest.approx(0.0275)  # step 5 (0.0325) undone
+    assert plan == {"a": 8, "b": 4, "c": 8}
+
+
+def test_walk_is_monotonic_in_the_budget_whatever_the_measurements():
+    import random
+    noisy = lambda plan: random.Random(str(sorted(plan.items()))).uniform(0.2, 3.0)  # noqa: E731
+    steps = mixed.order_steps(SENS, BYTES, (16, 8, 4))
+    sizes = []
+    for budget in [1e-4 * 1.5 ** i for i in range(25)]:
+        plan, put, kld = _fake_model(noisy)
+        predicted = mixed.predicted_prefix(steps, SENS, (16, 8, 4), budget)
+        taken, measured, _ = mixed._walk(steps, predicted, budget, put, kld)
+        assert measured <= budget or taken == 0
+        assert measured == pytest.approx(kld())  # the state left is the state measured
+        sizes.append(sum(BYTES[n][b] for n, b in plan.items()))
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
+
+
 # --- on the conftest model --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -140,6 +188,8 @@ def test_plan_covers_every_decoder_linear_and_is_what_was_built(built, budget):
     assert sum(hist.values()) == 14 and all(hist[str(b)] == sum(v == b for v in plan.values()) for b in (4, 8, 16))
     assert len(set(facts.kernels)) == len(facts.kernels)
     assert facts.extra["calibration_seconds"] > 0 and facts.extra["calibration_samples"] == 4
+    search = facts.extra["search"]
+    assert search["steps"] == 28 and 0 <= search["taken"] <= 28 and search["passes"] >= 1
 
 
 @pytest.mark.model
@@ -163,10 +213,13 @@ def test_bytes_and_bits_per_weight_follow_the_plan(built, budget):
 
 
 @pytest.mark.model
-def test_reported_kld_is_the_kld_of_the_returned_model(built, tiny_model_dir):
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_reported_kld_is_the_kld_of_the_returned_model(built, tiny_model_dir, budget):
     from variantlab.models.loading import load_causal_lm
+    from variantlab.variants.recipe import cast_parameters
     ref_model, _ = load_causal_lm(tiny_model_dir, torch.bfloat16, "cpu")
-    model, facts = built[1e-1]
+    cast_parameters(ref_model, torch.bfloat16)  # as the bf16 recipe and apply do (RoPE's inv_freq stays fp32)
+    model, facts = built[budget]
     batch = mixed._calibration_batch(ref_model, _options())
     with torch.no_grad():
         ref, var = mixed._logprobs(ref_model, batch), mixed._logprobs(model, batch)
@@ -178,10 +231,23 @@ def test_an_optimistic_prediction_is_backed_off_until_the_measurement_fits(tiny_
     monkeypatch.setattr(mixed, "predicted_prefix", lambda steps, *a: len(steps))  # predict "all at 4"
     budget = 1e-2
     model, facts = _build(tiny_model_dir, max_kld=budget)
-    assert facts.extra["verification_passes"] > 1
+    search = facts.extra["search"]
+    assert search["predicted"] == search["steps"] == 28 and search["passes"] > 1
+    assert search["taken"] == 28 - (search["passes"] - 1) or search["taken"] == 0
     assert facts.extra["final_kld"] <= budget
-    # backing off undoes the last steps of the same order, so it lands at least as low as the prediction did
+    # it undoes the last steps of the same order, so it stops at least as far along as the normal walk
     assert facts.bits_per_weight <= built[budget][1].bits_per_weight
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("budget", [1e-2, 1e9])
+def test_a_cautious_prediction_is_walked_on_while_the_measurement_fits(tiny_model_dir, monkeypatch, budget):
+    monkeypatch.setattr(mixed, "predicted_prefix", lambda *a: 0)  # predict "nothing fits"
+    model, facts = _build(tiny_model_dir, max_kld=budget)
+    search = facts.extra["search"]
+    assert search["predicted"] == 0 and search["taken"] > 0 and facts.extra["final_kld"] <= budget
+    if budget == 1e9:
+        assert set(facts.extra["plan"].values()) == {4} and search["passes"] == 29
 
 
 @pytest.mark.model
@@ -204,7 +270,8 @@ def test_a_model_without_its_tokenizer_is_refused():
 @pytest.mark.parametrize("budget", [0.01, 1e-4])  # the default, and one tight enough to mix widths
 def test_meets_its_budget_on_the_reference_model(budget):
     from variantlab.models.loading import resolve_model_path
-    model, facts = _build(resolve_model_path("builtin:tiny-structured"), max_kld=budget, group_size=64)
+    model, facts = _build(resolve_model_path("builtin:tiny-structured"), max_kld=budget, group_size=64,
+                          calibration_samples=2)
     assert facts.extra["final_kld"] <= budget
     plan = facts.extra["plan"]
     assert set(plan) == set(_decoder_linears(model)) and len(plan) == 28

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recipe import NoOptions, VariantFacts, weight_facts
+from .recipe import NoOptions, VariantFacts, cast_parameters, weight_facts
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -38,7 +38,7 @@ class DtypeRecipe:
         return self.torch_dtype
 
     def apply(self, model, options, device: str) -> VariantFacts:
-        model.to(self.torch_dtype)
+        cast_parameters(model, self.torch_dtype)  # loading already gave this dtype; keeps RoPE in fp32
         params, nbytes = weight_facts(model)
         return VariantFacts(recipe=self.name, dtype=self.name, parameters=params, weight_bytes=nbytes,
                             bits_per_weight=8 * nbytes / max(params, 1),

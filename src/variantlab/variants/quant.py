@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..errors import RecipeError, UnsupportedOnHardware
-from .recipe import VariantFacts, weight_facts
+from .recipe import VariantFacts, cast_parameters, weight_facts
 
 GROUP_SIZES = (32, 64, 128)
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -106,7 +106,7 @@ class QuantRecipe:
             setattr(model.get_submodule(parent) if parent else model, child, new)
             swapped.append(new)
         del linear
-        model.to(dtype)  # everything not swapped: embeddings, norms, kept linears
+        cast_parameters(model, dtype)  # everything not swapped: embeddings, norms, kept linears
         return _facts(self, model, options, parameters, swapped, kept, tied_head)
 
 

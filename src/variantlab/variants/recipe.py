@@ -62,3 +62,16 @@ def weight_facts(model) -> tuple[int, int]:
         nbytes += t.numel() * t.element_size()
         params += t.numel()
     return params, nbytes
+
+
+def cast_parameters(model, dtype) -> None:
+    """Cast floating-point parameters (and persistent buffers) to dtype, leaving the rotary
+    embedding's non-persistent inv_freq in the fp32 that loading gave it: `model.to(bf16)` would
+    round it too and shift every position (KLD 1.5e-5 on the reference model from that alone)."""
+    persistent = {name for name, _ in model.state_dict().items()}
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    for name, b in model.named_buffers():
+        if name in persistent and b.is_floating_point() and b.dtype != dtype:
+            b.data = b.data.to(dtype)
