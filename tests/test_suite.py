@@ -158,7 +158,7 @@ def test_unknown_key_in_a_variant(tmp_path):
             dtyp: bf16
         """))
     assert err.field == "variants[0].dtyp" and "variants[0].dtyp" in str(err)
-    assert err.accepted == "name, recipe, options, model"
+    assert err.accepted.startswith("name, recipe, options, model, weight_dtype")
 
 
 def test_unknown_key_in_a_scenario_lists_that_scenarios_keys(tmp_path):

@@ -32,16 +32,19 @@ def _fail(e: VariantlabError) -> None:
 def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
           store: Optional[Path] = typer.Option(None, help="results store (SQLite); default ./variantlab.sqlite"),
           output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for run outputs (default: suite output.dir)"),
+          artifacts: Optional[Path] = typer.Option(None, "--artifacts", help="reuse the matching artifacts of "
+                                                   "`variantlab build --out DIR` (others are built in the run folder)"),
           as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of a table")) -> None:
     """Measure every variant of SUITE, each in a fresh process, and print the comparison."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .measure.runner import plan_suite_file, run_plan
+    from .measure.runner import check_artifacts_dir, plan_suite_file, run_plan
     from .report.format import status_lines
     from .report.table import comparison_table
 
     try:
         plan = plan_suite_file(suite)
+        check_artifacts_dir(artifacts)
         n_variants = len(plan.variants)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err_console,
@@ -60,8 +63,8 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
                                            highlight=False)
 
             t0 = time.perf_counter()
-            result = run_plan(plan, store_path=store, output_dir=output, on_progress=on_progress,
-                              on_variant_done=on_done)
+            result = run_plan(plan, store_path=store, output_dir=output, artifacts_dir=artifacts,
+                              on_progress=on_progress, on_variant_done=on_done)
     except VariantlabError as e:
         _fail(e)
     if as_json:
@@ -73,6 +76,42 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     console.print(f"wrote {result.output_dir}/report.md, results.json, results.csv; "
                   f"stored run {result.run_id} in {result.store_path} ({time.perf_counter() - t0:.1f} s)",
                   highlight=False)
+
+
+@app.command()
+def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
+          out: Optional[Path] = typer.Option(None, "--out", "-o", help="folder for the artifacts, one per variant "
+                                             "(default: ./artifacts/<suite name>/)")) -> None:
+    """Build every variant of SUITE, each in a fresh process, and save it as an artifact (safetensors + JSON)."""
+    from rich.table import Table
+
+    from .measure.runner import default_artifacts_dir, plan_suite_file, run_build
+    from .report.format import fmt_value
+
+    try:
+        plan = plan_suite_file(suite)
+        out_dir = out if out is not None else default_artifacts_dir(plan)
+        t0 = time.perf_counter()
+        with err_console.status("building") as status:
+            results = run_build(plan, out_dir, on_variant_start=lambda name: status.update(f"building {name}"))
+    except VariantlabError as e:
+        _fail(e)
+    t = Table("variant", "recipe", "bits per weight", "size on disk", "build time", "status",
+              title=f"{plan.suite.name} — artifacts in {out_dir}")
+    for v in plan.variants:
+        r = results[v.name]
+        ok = r.get("status") == "ok"
+        bits = (r.get("facts") or {}).get("bits_per_weight")
+        t.add_row(v.name, v.recipe, fmt_value(bits, "bits") if ok else "—",
+                  fmt_value(r.get("bytes_on_disk"), "B") if ok else "—",
+                  fmt_value(r.get("build_s"), "s") if ok else "—",
+                  "ok" if ok else f"{r.get('status')}: {r.get('reason')}")
+    console.print(t)
+    built = sum(r.get("status") == "ok" for r in results.values())
+    console.print(f"built {built} of {len(results)} variants into {out_dir} ({time.perf_counter() - t0:.1f} s)",
+                  highlight=False)
+    if not built:
+        raise typer.Exit(1)
 
 
 @app.command()

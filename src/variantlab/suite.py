@@ -86,6 +86,10 @@ class VariantSpec(_Frozen):
     weight_dtype: str | None = Field(None, description="int8 | int4 | bf16 | fp16 | fp32 (instead of recipe)")
     activation_dtype: str | None = Field(None, description="int8 | bf16 | fp16 | fp32 (with weight_dtype)")
     quant_scheme: str | None = Field(None, description="symmetric | asymmetric (with weight_dtype)")
+    attention: str | None = Field(None, description="sdpa | gqa:<kv_heads> | linear | sliding:<window>; "
+                                                    "applied before the recipe")
+    attention_options: dict[str, Any] = Field(default_factory=dict,
+                                              description="linear_state_dtype: fp32 | model, linear_chunk")
 
 
 class SLOSpec(_Frozen):

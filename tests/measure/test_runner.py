@@ -131,3 +131,19 @@ def test_variants_with_different_tokenizers_compare_by_bits_per_byte(tmp_path, o
     assert c.row("bits_per_byte").cells["other"].value > 0
     assert c.row("bits_per_byte").deltas["other"] is not None
     assert c.row("task_accuracy").cells["other"] is not None
+
+
+def test_attention_variants_compose_with_recipes_and_report_kv_cache(tmp_path):
+    suite = _write_suite(tmp_path, [{"name": "base"},
+                                    {"name": "gqa2", "attention": "gqa:2"},
+                                    {"name": "lin-int8", "recipe": "int8", "attention": "linear"}])
+    result = variantlab.bench(suite)
+    c = result.comparison
+    assert c.status == {"base": "ok", "gqa2": "ok", "lin-int8": "ok"}, c.reasons
+    per_token = c.row("kv_cache_per_token").cells
+    heads = json.loads((BUILTIN_MODELS["tiny-structured"] / "config.json").read_text())["num_attention_heads"]
+    assert per_token["gqa2"].value == per_token["base"].value * 2 / heads
+    assert per_token["lin-int8"].value == 0  # linear attention keeps a constant-size state instead
+    assert c.row("kv_cache_2048").cells["lin-int8"].value > 0
+    assert c.builds["lin-int8"]["attention"] == "linear" and c.builds["lin-int8"]["build_s"] > 0
+    assert any("_weight_int8pack_mm" in k for k in c.builds["lin-int8"]["kernels"])

@@ -42,6 +42,10 @@ def _throughput_passes(r: dict) -> list[ScenarioPass]:
     return _passes(r, "offline") or _passes(r, "single-stream")
 
 
+def _attention(r: dict) -> dict:
+    return r.get("facts", {}).get("extra", {}).get("attention") or {}
+
+
 def _one(v) -> list[float]:
     return [] if v is None else [float(v)]
 
@@ -79,6 +83,10 @@ METRICS: tuple[MetricDef, ...] = (
               lambda r: _one(r.get("cold_start", {}).get("first_token_s"))),
     MetricDef("cold_start_total", "Cold start: total", "s", True,
               lambda r: _one(r.get("cold_start", {}).get("total_s"))),
+    MetricDef("kv_cache_per_token", "KV cache per token", "B", True,
+              lambda r: _one(_attention(r).get("kv_cache_bytes_per_token"))),
+    MetricDef("kv_cache_2048", "KV cache (or state) per 2048-token sequence", "B", True,
+              lambda r: _one(_attention(r).get("kv_cache_bytes_per_sequence", {}).get("2048"))),
     MetricDef("model_size", "Model size", "B", True,
               lambda r: _one(r.get("facts", {}).get("weight_bytes"))),
     MetricDef("bits_per_weight", "Bits per weight", "bits", None,
@@ -225,4 +233,5 @@ def build_summary(result: dict) -> dict:
     """What ran: recipe, dtype, device and the kernels the layers used, with any fallback notes."""
     facts = result.get("facts", {})
     return {"recipe": facts.get("recipe"), "dtype": facts.get("dtype"), "device": result.get("device"),
+            "attention": _attention(result).get("attention"), "build_s": result.get("build_s"),
             "kernels": list(facts.get("kernels", ())), "notes": list(facts.get("notes", ()))}

@@ -1,8 +1,15 @@
-"""The bench verb: suite → plan → executor → results → comparison → store and reports.
+"""The bench and build verbs: suite → plan → executor → results → comparison → store and reports.
 
 `run_bench` is what `variantlab bench` and `variantlab.bench()` call. Input problems are raised
 before anything runs (VariantlabError); a variant that fails while running is recorded as
 failed with its reason and the others go on.
+
+A variant whose recipe changes the weights (every recipe but the dtype ones) is measured from its
+artifact (variants/artifact.py): before measuring it, the runner reuses a matching artifact (from
+`artifacts_dir`, then the run folder) or builds one in a separate worker process, and the measuring
+worker loads that — so cold start is the artifact's load and model size its size on disk. The build
+is recorded apart from the measurement (result "build", "build_s"). `run_build` is `variantlab build`:
+every variant of a suite built and saved, each in a fresh process.
 """
 from __future__ import annotations
 
@@ -17,12 +24,15 @@ from typing import Callable
 from ..data.jsonl import load_jsonl
 from ..data.structured import generate_samples
 from ..environment import host_fingerprint
+from ..errors import VariantlabError
 from ..models.loading import check_model_dir, resolve_model_path
 from ..store import DEFAULT_STORE, Store
 from ..suite import Suite, load_suite
-from ..variants.registry import resolve_variant_recipe
+from ..variants.artifact import META_FILE, artifact_problem, needs_artifact, read_variant_json
+from ..variants.registry import get_recipe, resolve_variant_attention, resolve_variant_recipe
 from .analysis import Comparison, accuracy_facts, compare_variants, distribution_facts
 from .executor import Executor, LocalProcessExecutor
+from .worker import RESULT_VERSION
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,14 @@ class PlannedVariant:
     recipe: str
     options: dict
     model_path: Path
+    attention: str | None = None
+    attention_options: dict | None = None
+
+    def to_spec(self) -> dict:
+        """The variant as a worker reads it."""
+        return {"name": self.name, "recipe": self.recipe, "options": self.options,
+                "model_path": str(self.model_path), "attention": self.attention,
+                "attention_options": self.attention_options or {}}
 
 
 @dataclass(frozen=True)
@@ -66,11 +84,12 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
     for i, v in enumerate(suite.variants):
         field = f"variants[{i}]"
         recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)
+        attention = resolve_variant_attention(v, file=suite_path, field=field)
         path = base_model
         if v.model is not None:
             path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
             check_model_dir(path, file=suite_path, field=f"{field}.model")
-        planned.append(PlannedVariant(v.name, recipe, options, path))
+        planned.append(PlannedVariant(v.name, recipe, options, path, attention, dict(v.attention_options)))
     planned.sort(key=lambda p: p.name != suite.baseline_name)
     ds = suite.workload.dataset
     if ds.path is not None:
@@ -98,10 +117,15 @@ def run_bench(suite_path: str | Path, **kwargs) -> BenchResult:
 
 def run_plan(plan: Plan, *, store_path: str | Path | None = None,
              output_dir: str | Path | None = None, executor: Executor | None = None,
+             artifacts_dir: str | Path | None = None,
              on_progress: Callable[[str, str, float], None] | None = None,
              on_variant_done: Callable[[str, dict], None] | None = None) -> BenchResult:
-    """Measure a checked plan's variants in order, storing each result as it finishes."""
+    """Measure a checked plan's variants in order, storing each result as it finishes.
+
+    `artifacts_dir` (e.g. what `variantlab build` wrote): a valid artifact in artifacts_dir/<variant>
+    is reused; a missing or stale one is built into the run folder (artifacts_dir is never written)."""
     suite, suite_path = plan.suite, plan.suite_path
+    check_artifacts_dir(artifacts_dir)
     executor = executor or LocalProcessExecutor()
     run_id = new_run_id()
     out = Path(output_dir or suite.output.dir) / run_id
@@ -115,7 +139,7 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None,
         store.create_run(run_id, suite.model_dump(mode="json"), suite_path, env, str(out))
         for v in plan.variants:
             spec = {
-                "variant": {"name": v.name, "recipe": v.recipe, "options": v.options, "model_path": str(v.model_path)},
+                "variant": v.to_spec(),
                 "device": suite.device, "threads": suite.threads or os.cpu_count(), "seed": suite.seed,
                 "samples_path": str(samples_path.resolve()),
                 "scenarios": [s.model_dump(mode="json") for s in suite.workload.scenarios],
@@ -124,7 +148,16 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None,
                 "logprobs_path": str((out / "variants" / v.name / "logprobs.safetensors").resolve()),
             }
             progress = (lambda stage, f, name=v.name: on_progress(name, stage, f)) if on_progress else None
-            result = executor.run(spec, out / "variants" / v.name, suite.timeout_s, progress)
+            build = None
+            if needs_artifact(get_recipe(v.recipe)):
+                build = _artifact_for(plan, v, out / "variants" / v.name, executor, artifacts_dir, on_progress)
+                spec["variant"]["artifact_path"] = build.get("artifact_path")
+            if build is not None and build["status"] != "ok":
+                result = {"version": RESULT_VERSION, "status": build["status"], "reason": f"build: {build['reason']}"}
+            else:
+                result = executor.run(spec, out / "variants" / v.name, suite.timeout_s, progress)
+            if build is not None:
+                result["build"], result["build_s"] = build, build.get("build_s")
             results[v.name] = result
             store.put_measurement(run_id, v.name, result)
             if on_variant_done:
@@ -138,6 +171,92 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None,
     from ..report.files import write_reports
     write_reports(result)
     return result
+
+
+def check_artifacts_dir(artifacts_dir: str | Path | None) -> None:
+    """Raise (bad input) when an artifacts folder is given and is not a folder."""
+    if artifacts_dir is not None and not Path(artifacts_dir).is_dir():
+        raise VariantlabError(f"artifacts folder {artifacts_dir} does not exist", field="--artifacts",
+                              accepted="a folder of variant artifacts written by `variantlab build --out DIR`")
+
+
+def _build_spec(plan: Plan, v: PlannedVariant, artifact_dir: Path) -> dict:
+    suite = plan.suite
+    return {"mode": "build", "artifact_dir": str(artifact_dir.resolve()),
+            "variant": v.to_spec(),
+            "device": suite.device, "threads": suite.threads or os.cpu_count(), "seed": suite.seed}
+
+
+def _build_record(result: dict, reused: bool, skipped: list[str]) -> dict:
+    """What a bench result keeps of its variant's build (or of the artifact it reused)."""
+    record = {"status": result.get("status", "failed"), "reason": result.get("reason"), "reused": reused,
+              "artifact_path": result.get("artifact_path"), "build_s": result.get("build_s"),
+              "bytes_on_disk": result.get("bytes_on_disk")}
+    if skipped:
+        record["not_reused"] = skipped
+    return record
+
+
+def _device_type(device: str) -> str:
+    if device != "auto":
+        return device.split(":")[0]
+    import torch  # only to resolve "auto" when there is an artifact to check against it
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Executor,
+                  artifacts_dir: str | Path | None, on_progress) -> dict:
+    """A valid artifact of `v`: reused from artifacts_dir/<name> or the run folder, else built there
+    in a fresh worker process. Returns its build record ("status" not "ok" when the build failed)."""
+    own = variant_dir / "artifact"
+    candidates = ([Path(artifacts_dir) / v.name] if artifacts_dir is not None else []) + [own]
+    skipped: list[str] = []
+    for c in candidates:
+        if not (c / META_FILE).is_file():
+            if c != own:
+                skipped.append(f"{c}: no artifact there")
+            continue
+        problem = artifact_problem(c, v.recipe, v.options, v.model_path, _device_type(plan.suite.device),
+                                   attention=v.attention, attention_options=v.attention_options)
+        if problem is None:
+            meta = read_variant_json(c)
+            return _build_record({"status": "ok", "artifact_path": str(c.resolve()),
+                                  "build_s": meta.get("build", {}).get("build_s"),
+                                  "bytes_on_disk": meta["weights"]["bytes_on_disk"]}, True, skipped)
+        skipped.append(f"{c}: {problem}")
+    if on_progress:
+        on_progress(v.name, "build", 0.0)
+    progress = (lambda stage, f: on_progress(v.name, f"build: {stage}", 0.0)) if on_progress else None
+    result = executor.run(_build_spec(plan, v, own), variant_dir / "build", plan.suite.timeout_s, progress)
+    return _build_record(result, False, skipped)
+
+
+def default_artifacts_dir(plan: Plan) -> Path:
+    """Where `variantlab build` saves a suite's artifacts unless told: ./artifacts/<suite name>/."""
+    return Path.cwd() / "artifacts" / plan.suite.name
+
+
+def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Executor | None = None,
+              on_variant_start: Callable[[str], None] | None = None,
+              on_variant_done: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
+    """Build every variant of a checked plan, each in a fresh process, into out_dir/<variant name>/.
+
+    Returns the worker result per variant: status, reason, artifact_path, facts, bytes_on_disk,
+    build_s. A failing variant is recorded with its reason and the others go on."""
+    out = Path(out_dir) if out_dir is not None else default_artifacts_dir(plan)
+    out.mkdir(parents=True, exist_ok=True)
+    executor = executor or LocalProcessExecutor()
+    results: dict[str, dict] = {}
+    for v in plan.variants:
+        if on_variant_start:
+            on_variant_start(v.name)
+        logs = out / ".logs" / v.name  # the worker's spec, result and stderr
+        result = executor.run(_build_spec(plan, v, out / v.name), logs, plan.suite.timeout_s)
+        result.setdefault("artifact_path", None)
+        results[v.name] = result
+        if on_variant_done:
+            on_variant_done(v.name, result)
+    return results
 
 
 def add_accuracy(results: dict[str, dict], samples, baseline: str) -> None:

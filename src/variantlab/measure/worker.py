@@ -1,18 +1,27 @@
-"""One measurement in a fresh process: build one variant, run the scenarios, write JSON.
+"""One job in a fresh process: build one variant's artifact, or measure one variant; write JSON.
 
     python -m variantlab.measure.worker SPEC.json RESULT.json
 
 Run by the executor (measure/executor.py), never by hand. A fresh process per variant makes cold
-start and peak memory honest and keeps a crash to one variant. Stages are timed from the
-parent's spawn time (wall clock, passed in the spec): import → load → first token. Progress goes
-to stdout as lines starting with PROGRESS_PREFIX. The result is versioned JSON
-(RESULT_VERSION); a failure is a result too, with its reason.
+start and peak memory honest and keeps a crash to one variant. Progress goes to stdout as lines
+starting with PROGRESS_PREFIX. The result is versioned JSON (RESULT_VERSION); a failure is a result
+too, with its reason.
+
+- spec "mode": "build" — load the source checkpoint, apply the recipe, save the artifact
+  (variants/artifact.py) to spec "artifact_dir"; the result holds its facts, its size on disk and
+  the build time (load + apply + save, `build_s`).
+- otherwise, measure: the variant loads from `variant.artifact_path` when the runner gave one (a
+  built variant: no quantization runs here, so cold start is the artifact's load), else from the
+  source checkpoint with the recipe applied (dtype recipes: the checkpoint is their artifact).
+  Stages are timed from the parent's spawn time (wall clock, passed in the spec):
+  import → load → first token.
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
+from pathlib import Path
 
 RESULT_VERSION = 1
 PROGRESS_PREFIX = "@@variantlab-progress "
@@ -40,42 +49,39 @@ def _peak_memory(device: str) -> dict:
 
 
 def run_measurement(spec: dict) -> dict:
-    """Everything after the imports: build, cold start, scenarios, memory, scoring."""
+    """Everything after the imports: load the variant, cold start, scenarios, memory, scoring."""
     t_spawn = spec["spawn_time"]
     import numpy as np
     import torch
     from safetensors.numpy import save_file
-    from transformers.utils import logging as hf_logging
 
     from ..backends.torch_backend import TorchBackend
     from ..environment import torch_fingerprint
     from ..errors import UnsupportedOnHardware
     from ..models.loading import load_causal_lm, tokenizer_fingerprint
     from ..suite import OfflineSpec, SingleStreamSpec
+    from ..variants.artifact import load_artifact
     from ..variants.registry import get_recipe, parse_options
     from .scenarios import scenario_from_spec
     t_imported = time.time()
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    device = spec["device"]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec.get("threads"):
-        torch.set_num_threads(spec["threads"])
-    torch.manual_seed(spec["seed"])
+    device = _setup(spec)
     variant = spec["variant"]
-    recipe = get_recipe(variant["recipe"])
-    options = parse_options(recipe, variant.get("options", {}))
-    reason = recipe.unsupported_reason(device)
-    if reason:
-        raise UnsupportedOnHardware(reason)
-
-    from pathlib import Path
-    model_path = Path(variant["model_path"])
-    model, tokenizer = load_causal_lm(model_path, recipe.load_dtype(options), device)
-    facts = recipe.apply(model, options, device)
-    backend = TorchBackend(model, tokenizer, device, tokenizer_fingerprint(model_path))
+    if variant.get("artifact_path"):
+        # A built variant: load what the build step saved (the runner checked it matches this variant).
+        tokenizer_dir = Path(variant["artifact_path"])
+        model, tokenizer, facts = load_artifact(tokenizer_dir, device)
+        facts = with_attention_facts(model, facts)
+    else:
+        recipe = get_recipe(variant["recipe"])
+        options = parse_options(recipe, variant.get("options", {}))
+        reason = recipe.unsupported_reason(device)
+        if reason:
+            raise UnsupportedOnHardware(reason)
+        tokenizer_dir = Path(variant["model_path"])
+        model, tokenizer = load_causal_lm(tokenizer_dir, recipe.load_dtype(options), device)
+        facts = build_variant(model, recipe, options, variant, device)
+    backend = TorchBackend(model, tokenizer, device, tokenizer_fingerprint(tokenizer_dir))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     t_loaded = time.time()
@@ -117,12 +123,100 @@ def run_measurement(spec: dict) -> dict:
     }
 
 
+def _setup(spec: dict) -> str:
+    """Quiet transformers, resolve the device, set threads and seed; return the device."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    device = spec["device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    torch.manual_seed(spec["seed"])
+    return device
+
+
+def _attention_of(variant: dict) -> dict | None:
+    if not variant.get("attention"):
+        return None
+    return {"spec": variant["attention"], "options": variant.get("attention_options") or {}}
+
+
+def with_attention_facts(model, facts):
+    """facts with extra["attention"] (KV-cache bytes per token and per sequence) for a model left as loaded."""
+    import dataclasses
+
+    from ..variants.attention import attention_facts
+
+    if "attention" in facts.extra:
+        return facts
+    return dataclasses.replace(facts, extra={**facts.extra, "attention": attention_facts(model)})
+
+
+def build_variant(model, recipe, options, variant: dict, device: str):
+    """Attention first (so gqa's pooled K/V projections get quantized), then the recipe; one facts record."""
+    import dataclasses
+
+    from ..variants.attention import apply_attention
+
+    attention = _attention_of(variant)
+    attn = apply_attention(model, attention["spec"], attention["options"]) if attention else None
+    facts = recipe.apply(model, options, device)
+    if attn is None:
+        return with_attention_facts(model, facts)
+    return dataclasses.replace(facts, kernels=facts.kernels + tuple(attn.get("kernels", ())),
+                               notes=facts.notes + tuple(attn.get("notes", ())),
+                               extra={**facts.extra, "attention": attn})
+
+
+def run_build(spec: dict) -> dict:
+    """Build one variant from its source checkpoint and save its artifact to spec["artifact_dir"]."""
+    import torch
+
+    from ..environment import torch_fingerprint
+    from ..errors import UnsupportedOnHardware
+    from ..models.loading import load_causal_lm
+    from ..variants.artifact import save_artifact
+    from ..variants.registry import get_recipe, parse_options
+
+    device = _setup(spec)
+    variant = spec["variant"]
+    recipe = get_recipe(variant["recipe"])
+    options = parse_options(recipe, variant.get("options", {}))
+    reason = recipe.unsupported_reason(device)
+    if reason:
+        raise UnsupportedOnHardware(reason)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    model_path = Path(variant["model_path"])
+    t0 = time.perf_counter()
+    model, tokenizer = load_causal_lm(model_path, recipe.load_dtype(options), device)
+    sync()
+    t1 = time.perf_counter()
+    _progress("loaded", 0.3)
+    facts = build_variant(model, recipe, options, variant, device)
+    sync()
+    t2 = time.perf_counter()
+    _progress("built", 0.6)
+    meta = save_artifact(model, tokenizer, facts, variant["recipe"], options, model_path, spec["artifact_dir"],
+                         build={"load_s": t1 - t0, "apply_s": t2 - t1},
+                         attention=_attention_of(variant))
+    _progress("saved", 1.0)
+    return {"status": "ok", "reason": None, "device": device,
+            "artifact_path": str(Path(spec["artifact_dir"]).resolve()),
+            "facts": meta["facts"], "bytes_on_disk": meta["weights"]["bytes_on_disk"],
+            "build_s": meta["build"]["build_s"], "build": meta["build"],
+            "environment": torch_fingerprint(device, spec["seed"])}
+
+
 def main(argv: list[str]) -> int:
     spec_path, out_path = argv
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
     try:
-        result = run_measurement(spec)
+        result = run_build(spec) if spec.get("mode") == "build" else run_measurement(spec)
         code = 0
     except Exception as e:  # a failing variant is a result: recorded with its reason, the sweep goes on
         from ..errors import UnsupportedOnHardware, VariantlabError

@@ -90,8 +90,9 @@ def status_lines(c: Comparison) -> list[str]:
     lines.append("token counts use tokenizer " + ", ".join(
         f"{v}={c.tokenizers[v]}" for v in c.variants if c.tokenizers.get(v)) if len(toks) > 1 else
         f"token counts use tokenizer {next(iter(toks))} (all variants)" if toks else "no variant ran")
-    lines += [f"{v}: {b['recipe']} on {b['device']}, kernels: {', '.join(b['kernels']) or 'n/a'}"
-              for v, b in c.builds.items()]
+    lines += [f"{v}: {b['recipe']}" + (f" + attention {b['attention']}" if b.get("attention") else "")
+              + f" on {b['device']}" + (f", built in {b['build_s']:.1f} s" if b.get("build_s") else "")
+              + f"; kernels: {', '.join(b['kernels']) or 'n/a'}" for v, b in c.builds.items()]
     lines += [f"warning: {w}" for w in c.warnings]
     lines += [f"note: {r.label}: {r.note}" for r in c.rows if r.note]
     return lines

@@ -258,6 +258,12 @@ def _facts(model, spec: AttentionSpec, options: AttentionOptions, notes: list[st
     return facts
 
 
+def attention_facts(model) -> dict:
+    """Facts of the model's own attention, unconverted (the same keys as apply_attention's)."""
+    return _facts(model, parse_attention("sdpa"), parse_attention_options(None), []) | {
+        "attention": "model's own", "implementation": model.config._attn_implementation}
+
+
 def kv_cache_bytes_per_sequence(facts: dict, seq_len: int, batch: int = 1) -> int:
     """Bytes of KV cache (or linear state) one sequence of `seq_len` tokens holds, from `apply_attention`'s facts."""
     tokens = seq_len if facts.get("window") is None else min(seq_len, facts["window"])

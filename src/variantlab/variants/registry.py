@@ -67,3 +67,17 @@ def resolve_variant_recipe(variant, *, file: str | None = None, field: str = "va
     recipe = get_recipe(name, file=file, field=f"{field}.recipe")
     parse_options(recipe, options, file=file, field=f"{field}.options")
     return name, options
+
+
+def resolve_variant_attention(variant, *, file: str | None = None, field: str = "variants[?]") -> str | None:
+    """The variant's attention as a canonical string ('gqa:4'), checked with its options; None for the model's own."""
+    from .attention import parse_attention, parse_attention_options
+
+    if variant.attention is None:
+        if variant.attention_options:
+            raise RecipeError("attention_options need an attention", file=file, field=f"{field}.attention_options",
+                              accepted="attention: sdpa | gqa:<kv_heads> | linear | sliding:<window>")
+        return None
+    spec = parse_attention(variant.attention, file=file, field=f"{field}.attention")
+    parse_attention_options(variant.attention_options, file=file, field=f"{field}.attention_options")
+    return str(spec)

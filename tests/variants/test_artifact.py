@@ -1,0 +1,264 @@
+"""Artifacts (variants/artifact.py): a built variant saved and loaded back is the same model, bit for
+bit, and loading it runs no quantization; variant.json says what it is and what it was built from;
+its model size is the size of model.safetensors on disk."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from variantlab.errors import ModelLoadError, RecipeError
+from variantlab.models.loading import load_causal_lm
+from variantlab.variants import artifact as art
+from variantlab.variants import quant_linear as ql
+from variantlab.variants import quant_packing as qp
+from variantlab.variants.registry import get_recipe, parse_options
+
+pytestmark = pytest.mark.model
+
+# Every CPU recipe. The tiny model's in_features are 32 and 64, so group_size 64 needs pad_to_group
+# (which also exercises the padded paths); group_size 32 is the unpadded int4 layout.
+CASES = {
+    "fp32": ("fp32", {}),
+    "bf16": ("bf16", {}),
+    "int8": ("int8", {}),
+    "w8a8": ("w8a8", {}),
+    "int4-g64": ("int4", {"group_size": 64, "pad_to_group": True}),
+    "int4-g32": ("int4", {"group_size": 32}),
+    "w4a8-g64": ("w4a8", {"group_size": 64, "pad_to_group": True}),
+    "int8-python": ("int8", {"dequant": "python"}),
+}
+
+
+def _build(model_dir, recipe_name, options):
+    recipe = get_recipe(recipe_name)
+    opts = parse_options(recipe, options)
+    model, tok = load_causal_lm(model_dir, recipe.load_dtype(opts), "cpu")
+    return model, tok, recipe.apply(model, opts, "cpu")
+
+
+def _forbid_quantization(monkeypatch):
+    """From here on, any quantization or packing, or a quant module built the quantizing way, fails."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("quantization ran while loading an artifact")
+    for fn in ("quantize_int8_per_channel", "quantize_int4_groupwise", "pack_int4_for_cpu", "pack_nibbles",
+               "scales_and_zeros"):
+        monkeypatch.setattr(qp, fn, forbidden)
+    for cls in (ql.Int8WeightOnly, ql.W8A8, ql.Int4WeightOnly, ql.W4A8):
+        monkeypatch.setattr(cls, "__init__", forbidden)
+
+
+@pytest.fixture
+def no_quantization(monkeypatch):
+    _forbid_quantization(monkeypatch)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def round_trip(request, tiny_model_dir, tmp_path_factory):
+    """(case, built model, its facts, artifact dir, variant.json)."""
+    recipe_name, options = CASES[request.param]
+    model, tok, facts = _build(tiny_model_dir, recipe_name, options)
+    out = tmp_path_factory.mktemp("artifact") / request.param
+    meta = art.save_artifact(model, tok, facts, recipe_name, options, tiny_model_dir, out)
+    return request.param, model, facts, out, meta
+
+
+def _outputs(model):
+    """Logits of a 1-row (decode-like) and a 3×9 (batched: M >= 4 kernel paths) forward."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    with torch.inference_mode():
+        return [model(torch.randint(3, vocab, shape, generator=gen)).logits for shape in ((1, 1), (3, 9))]
+
+
+def test_reloaded_artifact_is_bit_identical_and_never_quantizes(round_trip, no_quantization):
+    case, model, _, out, _ = round_trip
+    loaded, tok, _ = art.load_artifact(out, "cpu")
+    for a, b in zip(_outputs(model), _outputs(loaded)):
+        assert a.dtype == b.dtype and torch.equal(a, b), case
+    mine, theirs = model.state_dict(), loaded.state_dict()
+    assert mine.keys() == theirs.keys()
+    for k, t in mine.items():
+        assert t.dtype == theirs[k].dtype and torch.equal(t, theirs[k]), k
+    for name, m in model.named_modules():
+        other = loaded.get_submodule(name)
+        assert type(other) is type(m), name
+        if isinstance(m, ql.QuantLinear):
+            assert (other.kernel, other.notes, other.path, other.dtype) == (m.kernel, m.notes, m.path, m.dtype)
+    buffers = dict(loaded.named_buffers())
+    for name, b in model.named_buffers():  # including the unsaved rotary inv_freq
+        assert b.dtype == buffers[name].dtype and torch.equal(b, buffers[name]), name
+    assert not loaded.training and tok.pad_token_id is not None
+
+
+def test_size_on_disk_is_the_model_size(round_trip):
+    case, _, facts, out, meta = round_trip
+    _, _, loaded_facts = art.load_artifact(out, "cpu")
+    disk = (out / "model.safetensors").stat().st_size
+    assert loaded_facts.weight_bytes == disk == loaded_facts.extra["artifact_bytes_on_disk"]
+    assert meta["weights"]["bytes_on_disk"] == disk
+    # the file is the tensors as they run (tied ones once) plus a header padded to 64 bytes
+    assert loaded_facts.extra["state_bytes"] == facts.weight_bytes == meta["weights"]["tensor_bytes"]
+    assert 8 < disk - facts.weight_bytes < 16_384 and (disk - facts.weight_bytes) % 64 == 0
+    assert loaded_facts.bits_per_weight == facts.bits_per_weight
+    assert loaded_facts.kernels == facts.kernels and loaded_facts.recipe == facts.recipe
+
+
+def test_variant_json_says_what_was_built_and_from_what(tiny_model_dir, round_trip):
+    case, model, facts, out, meta = round_trip
+    recipe_name, options = CASES[case]
+    on_disk = json.loads((out / "variant.json").read_text())
+    assert on_disk == meta
+    assert meta["format"] == "variantlab-artifact" and meta["format_version"] == art.FORMAT_VERSION
+    assert meta["recipe"] == recipe_name
+    assert meta["options"] == parse_options(get_recipe(recipe_name), options).model_dump(mode="json")
+    assert meta["facts"] == facts.to_json()
+    assert meta["source"]["model_path"] == str(tiny_model_dir.resolve())
+    assert meta["source"]["fingerprint"] == art.source_fingerprint(tiny_model_dir)
+    assert meta["torch_version"] == torch.__version__ and meta["device_type"] == "cpu"
+    assert meta["model"]["architecture"] == "LlamaForCausalLM"
+    assert set(meta["model"]["non_persistent_buffers"]) == {"model.rotary_emb.inv_freq",
+                                                             "model.rotary_emb.original_inv_freq"}
+    swapped = {n: m for n, m in model.named_modules() if isinstance(m, ql.QuantLinear)}
+    assert set(meta["modules"]) == set(swapped)
+    for name, st in meta["modules"].items():
+        assert st["class"] == type(swapped[name]).__name__
+        assert st["attrs"]["in_features"] == swapped[name].in_features
+    if case == "int4-g64":
+        st = meta["modules"]["model.layers.0.self_attn.q_proj"]
+        assert st["attrs"]["group_size"] == 64 and st["attrs"]["k_pad"] == 32
+        assert st["buffers"] == {"bias": False, "packed": True, "scales_and_zeros": True}
+    for f in ("tokenizer.json", "tokenizer_config.json"):  # the same tokenizer id as the source
+        assert (out / f).read_bytes() == (tiny_model_dir / f).read_bytes()
+    assert json.loads((out / "config.json").read_text())["dtype"] == meta["model"]["load_dtype"]
+
+
+def test_every_tensor_starts_on_a_64_byte_boundary_of_the_mapped_file(round_trip):
+    from safetensors import safe_open
+    _, _, _, out, _ = round_trip
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert all(f.get_tensor(k).data_ptr() % 64 == 0 for k in f.keys())
+
+
+def test_a_file_aligned_to_8_bytes_only_is_copied_to_aligned_memory(tiny_model_dir, tmp_path):
+    """aten::_weight_int8pack_mm crashes on an 8-byte-aligned weight (M >= 4): what safetensors' own
+    writer gives. load_artifact copies such tensors instead of handing the kernel the mapping."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    model, tok, facts = _build(tiny_model_dir, "int8", {})
+    out = tmp_path / "a"
+    art.save_artifact(model, tok, facts, "int8", {}, tiny_model_dir, out)
+    save_file(dict(model.state_dict()), str(out / "model.safetensors"))
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert any(f.get_tensor(k).data_ptr() % 64 for k in f.keys())  # the case this guards against
+    meta = json.loads((out / "variant.json").read_text())
+    meta["weights"]["bytes_on_disk"] = (out / "model.safetensors").stat().st_size
+    (out / "variant.json").write_text(json.dumps(meta))
+    loaded, _, _ = art.load_artifact(out, "cpu")
+    assert all(t.data_ptr() % 64 == 0 for t in loaded.state_dict().values())
+    for a, b in zip(_outputs(model), _outputs(loaded)):
+        assert torch.equal(a, b)
+
+
+def _tied_model_dir(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig.from_pretrained(tiny_model_dir)
+    cfg.tie_word_embeddings = True
+    torch.manual_seed(1)
+    d = tmp_path / "tied"
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("recipe_name,options", [("fp32", {}), ("int8", {"quantize_lm_head": True})])
+def test_tied_tensors_are_stored_once_and_tied_again(tiny_model_dir, tmp_path, recipe_name, options):
+    src = _tied_model_dir(tiny_model_dir, tmp_path)
+    model, tok, facts = _build(src, recipe_name, options)
+    out = tmp_path / "artifact"
+    meta = art.save_artifact(model, tok, facts, recipe_name, options, src, out)
+    loaded, _, loaded_facts = art.load_artifact(out, "cpu")
+    for a, b in zip(_outputs(model), _outputs(loaded)):
+        assert torch.equal(a, b)
+    if recipe_name == "fp32":
+        assert meta["weights"]["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}
+        assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    else:  # the quantized head is a module of its own; the embedding stays a table
+        assert meta["weights"]["aliases"] == {} and isinstance(loaded.lm_head, ql.Int8WeightOnly)
+    assert loaded_facts.extra["state_bytes"] == facts.weight_bytes == meta["weights"]["tensor_bytes"]
+
+
+def test_a_mix_of_quant_modules_and_linears_round_trips(tiny_model_dir, tmp_path, monkeypatch):
+    """What a mixed-precision recipe builds: int4, int8 and bf16 nn.Linear layers side by side."""
+    model, tok = load_causal_lm(tiny_model_dir, torch.bfloat16, "cpu")
+    layer = model.model.layers[0]
+    with torch.no_grad():
+        layer.self_attn.q_proj = ql.Int4WeightOnly(layer.self_attn.q_proj, torch.bfloat16, group_size=32)
+        layer.mlp.down_proj = ql.Int8WeightOnly(layer.mlp.down_proj, torch.bfloat16)
+        layer.mlp.up_proj = ql.W4A8(layer.mlp.up_proj, torch.bfloat16, "python", group_size=32)
+    facts = {"recipe": "mixed", "dtype": "bf16", "parameters": 1, "weight_bytes": 1, "bits_per_weight": 8.0}
+    out = tmp_path / "mixed"
+    meta = art.save_artifact(model, tok, facts, "mixed", {}, tiny_model_dir, out)
+    assert sorted(meta["modules"]) == ["model.layers.0.mlp.down_proj", "model.layers.0.mlp.up_proj",
+                                       "model.layers.0.self_attn.q_proj"]
+    _forbid_quantization(monkeypatch)
+    loaded, _, _ = art.load_artifact(out, "cpu")
+    assert type(loaded.model.layers[0].mlp.gate_proj) is nn.Linear
+    assert loaded.model.layers[0].mlp.gate_proj.weight.dtype == torch.bfloat16
+    for a, b in zip(_outputs(model), _outputs(loaded)):
+        assert torch.equal(a, b)
+
+
+def test_save_refuses_a_module_the_config_cannot_rebuild(tiny_model, tmp_path):
+    model, tok, facts = tiny_model
+    model.model.layers[1].mlp = nn.Identity()
+    with pytest.raises(RecipeError, match="model.layers.1.mlp' is Identity"):
+        art.save_artifact(model, tok, facts, "fp32", {}, tmp_path, tmp_path / "x")
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.tmp-*"))
+
+
+@pytest.fixture
+def tiny_model(tiny_model_dir):
+    return _build(tiny_model_dir, "fp32", {})
+
+
+def test_saving_again_replaces_the_artifact_whole(tiny_model_dir, tiny_model, tmp_path):
+    model, tok, facts = tiny_model
+    out = tmp_path / "a"
+    art.save_artifact(model, tok, facts, "fp32", {}, tiny_model_dir, out)
+    (out / "stale.txt").write_text("from an older build")
+    art.save_artifact(model, tok, facts, "fp32", {}, tiny_model_dir, out)
+    assert not (out / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["a"]
+
+
+def test_artifact_problem_says_why_an_artifact_does_not_fit(tiny_model_dir, tmp_path):
+    src = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    model, tok, facts = _build(src, "int4", {"group_size": 32})
+    out = tmp_path / "int4"
+    art.save_artifact(model, tok, facts, "int4", {"group_size": 32}, src, out)
+    assert art.artifact_problem(out, "int4", {"group_size": 32, "compute_dtype": "bf16"}, src, "cpu") is None
+    assert "options" in art.artifact_problem(out, "int4", {"group_size": 64}, src)
+    assert "recipe int4" in art.artifact_problem(out, "w4a8", {"group_size": 32}, src)
+    assert "built for cpu" in art.artifact_problem(out, "int4", {"group_size": 32}, src, "cuda")
+    assert "no variant.json" in art.artifact_problem(tmp_path / "nothing", "int4", {}, src)
+    st = (src / "model.safetensors").stat()
+    os.utime(src / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # rewritten
+    assert "fingerprint" in art.artifact_problem(out, "int4", {"group_size": 32}, src)
+    (out / "model.safetensors").write_bytes(b"truncated")
+    assert "bytes" in art.artifact_problem(out, "int4", {"group_size": 32}, src)
+
+
+def test_load_refuses_another_device_type_and_a_folder_that_is_not_an_artifact(tiny_model_dir, tiny_model,
+                                                                                  tmp_path):
+    model, tok, facts = tiny_model
+    out = tmp_path / "a"
+    art.save_artifact(model, tok, facts, "fp32", {}, tiny_model_dir, out)
+    with pytest.raises(ModelLoadError, match="built for cpu, this run is on cuda"):
+        art.load_artifact(out, "cuda")
+    with pytest.raises(ModelLoadError, match="no variant.json"):
+        art.load_artifact(tiny_model_dir, "cpu")
