@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SuiteError
 
@@ -57,7 +57,25 @@ class OfflineSpec(_Frozen):
     warmup: int = Field(1, ge=0, description="batches run first and not measured")
 
 
-ScenarioSpec = Annotated[Union[SingleStreamSpec, OfflineSpec], Field(discriminator="type")]
+class LengthSweepSpec(_Frozen):
+    """Prefill time and per-token decode time at given prompt lengths (one request at a time)."""
+
+    type: Literal["length-sweep"]
+    lengths: list[int] = Field(default_factory=lambda: [128, 512, 2048], min_length=1,
+                               description="prompt lengths in tokens")
+    decode_tokens: int = Field(16, ge=2, description="tokens decoded after each prompt (stop tokens ignored)")
+    repeats: int = Field(3, ge=1, description="requests per length")
+    warmup: int = Field(1, ge=0, description="unmeasured requests at the shortest length")
+
+    @field_validator("lengths")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(n < 1 for n in v):
+            raise ValueError("every length must be at least 1 token")
+        return sorted(set(v))
+
+
+ScenarioSpec = Annotated[Union[SingleStreamSpec, OfflineSpec, LengthSweepSpec], Field(discriminator="type")]
 
 
 class AccuracySpec(_Frozen):
@@ -138,6 +156,9 @@ class Suite(_Frozen):
         return self.baseline or self.variants[0].name
 
 
+SCENARIO_SPECS = {"single-stream": SingleStreamSpec, "offline": OfflineSpec, "length-sweep": LengthSweepSpec}
+
+
 def suite_json_schema() -> dict:
     return Suite.model_json_schema()
 
@@ -201,7 +222,7 @@ def _suite_error(e: ValidationError, file: str) -> SuiteError:
         return SuiteError("required field is missing", file=file, field=field)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         return SuiteError("unknown or missing scenario type", file=file, field=field,
-                          accepted="type: single-stream | offline")
+                          accepted="type: single-stream | offline | length-sweep")
     accepted = _accepted_for(loc)
     msg = err["msg"].removeprefix("Value error, ")
     if "input" in err and kind not in ("value_error",) and not isinstance(err["input"], (dict, list)):
@@ -214,7 +235,7 @@ def _loc_to_path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("single-stream", "offline"):
+        elif part in SCENARIO_SPECS:
             continue  # the discriminator tag pydantic inserts; the user never wrote it as a key
         else:
             out += ("." if out else "") + str(part)
@@ -244,8 +265,8 @@ def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
             return None
         if isinstance(part, int):
             continue
-        if part in ("single-stream", "offline"):
-            model = SingleStreamSpec if part == "single-stream" else OfflineSpec
+        if part in SCENARIO_SPECS:
+            model = SCENARIO_SPECS[part]
             continue
         f = model.model_fields.get(str(part))
         if f is None:

@@ -147,3 +147,18 @@ def test_attention_variants_compose_with_recipes_and_report_kv_cache(tmp_path):
     assert c.row("kv_cache_2048").cells["lin-int8"].value > 0
     assert c.builds["lin-int8"]["attention"] == "linear" and c.builds["lin-int8"]["build_s"] > 0
     assert any("_weight_int8pack_mm" in k for k in c.builds["lin-int8"]["kernels"])
+
+
+def test_length_sweep_rows_and_an_unstable_attention_is_flagged(tmp_path):
+    workload = TINY_WORKLOAD | {"scenarios": [{"type": "length-sweep", "lengths": [32, 2048], "decode_tokens": 3,
+                                               "repeats": 1, "warmup": 0}]}
+    suite = _write_suite(tmp_path, [{"name": "base"},
+                                    {"name": "lin16", "recipe": "fp16", "attention": "linear",
+                                     "attention_options": {"linear_state_dtype": "model"}}], workload=workload)
+    c = variantlab.bench(suite).comparison
+    assert c.status == {"base": "ok", "lin16": "ok"}, c.reasons
+    for key in ("prefill_32", "decode_32", "prefill_2048", "decode_2048"):
+        assert c.row(key).cells["base"].value > 0 and c.row(key).cells["lin16"].value > 0
+    # linear attention with its state in fp16 overflows by 2,048 tokens at this head shape: the report says so
+    assert any(w.startswith("lin16: attention in fp16 at 2048 tokens is") for w in c.warnings), c.warnings
+    assert not any(w.startswith("base: attention") for w in c.warnings)

@@ -111,3 +111,16 @@ def test_scenario_from_spec():
     off = scenario_from_spec(OfflineSpec(type="offline", batch_size=4, passes=2, warmup=0))
     assert isinstance(off, Offline) and (off.batch_size, off.passes, off.warmup) == (4, 2, 0)
     assert (ss.name, off.name) == ("single-stream", "offline")
+
+
+def test_length_sweep_prompts_have_exact_lengths_and_decode_all_tokens(tiny_lm):
+    from variantlab.backends.torch_backend import TorchBackend
+    from variantlab.measure.scenarios import LengthSweep
+
+    model, tok = tiny_lm
+    backend = TorchBackend(model, tok, "cpu", "t")
+    samples = [{"prompt": "order_id: ORD-1\nQ: What is the order?\nA:"}]
+    (p,) = LengthSweep(lengths=(5, 40), decode_tokens=3, repeats=2, warmup=1).run(backend, samples, 8)
+    assert [r.tokens_in for r in p.records] == [5, 5, 40, 40]
+    assert all(r.tokens_out == 3 for r in p.records)  # stop tokens ignored: every request decodes 3
+    assert [r.request_id for r in p.records] == ["len5-0", "len5-1", "len40-0", "len40-1"]

@@ -17,6 +17,7 @@ class Capabilities:
     batching: bool = False        # generate_batch runs requests together (else one at a time)
     token_timestamps: bool = True  # token_times are real per-token arrival times
     scoring: bool = False          # score() gives teacher-forced log-probabilities
+    token_input: bool = False      # generate_ids() takes a prompt as token ids (exact prompt lengths)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def stop_token_ids(tokenizer) -> frozenset[int]:
 
 
 class TorchBackend:
-    capabilities = Capabilities(batching=True, token_timestamps=True, scoring=True)
+    capabilities = Capabilities(batching=True, token_timestamps=True, scoring=True, token_input=True)
 
     def __init__(self, model, tokenizer, device: str, tokenizer_id: str, clock: Clock = time.perf_counter):
         self.model = model
@@ -50,11 +50,21 @@ class TorchBackend:
         ids = self.tokenizer(prompt, add_special_tokens=True, return_tensors="pt").input_ids
         return ids.to(self.device)
 
-    @torch.inference_mode()
     def generate(self, request_id: str, prompt: str, max_new_tokens: int) -> RequestRecord:
-        clock, model, stop = self.clock, self.model, self.stop_ids
-        send = clock()
-        ids = self._encode(prompt)                              # (1, T)
+        send = self.clock()
+        return self._generate(request_id, self._encode(prompt), max_new_tokens, send, self.stop_ids)
+
+    def generate_ids(self, request_id: str, token_ids: Sequence[int], max_new_tokens: int,
+                     stop: bool = True) -> RequestRecord:
+        """A request given as token ids (a prompt of an exact length); stop=False decodes all max_new_tokens."""
+        send = self.clock()
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        return self._generate(request_id, ids, max_new_tokens, send, self.stop_ids if stop else frozenset())
+
+    @torch.inference_mode()
+    def _generate(self, request_id: str, ids: torch.Tensor, max_new_tokens: int, send: float,
+                  stop: frozenset[int]) -> RequestRecord:
+        clock, model = self.clock, self.model                   # ids: (1, T)
         cache = DynamicCache()
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
         next_id = logits[:, -1].argmax(-1, keepdim=True)       # (1, 1)

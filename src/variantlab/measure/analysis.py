@@ -104,6 +104,33 @@ METRICS: tuple[MetricDef, ...] = (
 METRIC_KEYS = {d.key: d for d in METRICS}
 
 
+def _sweep(r: dict, length: int, metric) -> list[float]:
+    return metric([rec for rec in _records(r, "length-sweep") if rec.tokens_in == length])
+
+
+def sweep_metrics(results: dict[str, dict]) -> tuple[MetricDef, ...]:
+    """Rows for a length sweep: prefill time and per-token decode time at each prompt length measured."""
+    lengths = sorted({rec.tokens_in for r in results.values() for rec in _records(r, "length-sweep")})
+    return tuple(d for n in lengths for d in (
+        MetricDef(f"prefill_{n}", f"Prefill @{n} tokens", "s", True, lambda r, n=n: _sweep(r, n, m.ttft),
+                  scenario="length-sweep"),
+        MetricDef(f"decode_{n}", f"Decode per token @{n}", "s", True, lambda r, n=n: _sweep(r, n, m.tpot),
+                  scenario="length-sweep")))
+
+
+def _stability_error(r: dict) -> list[float]:
+    """Attention's relative error vs float64 at the longest length checked (inf when not finite)."""
+    rows = r.get("stability") or []
+    if not rows:
+        return []
+    last = max(rows, key=lambda x: x["length"])
+    return [float("inf") if last["rel_error"] is None else last["rel_error"]]
+
+
+STABILITY_METRIC = MetricDef("attention_error", "Attention rel. error vs fp64 (longest length)", "rel", True,
+                             _stability_error)
+
+
 @dataclass(frozen=True)
 class Row:
     key: str
@@ -194,7 +221,7 @@ def compare_variants(results: dict[str, dict], baseline: str) -> Comparison:
     ok = {n for n, r in results.items() if r.get("status") == "ok"}
     base = results.get(baseline) if baseline in ok else None
     rows, warnings = [], []
-    for d in METRICS:
+    for d in METRICS + sweep_metrics(results) + (STABILITY_METRIC,):
         cells: dict[str, Estimate | None] = {}
         deltas: dict[str, Delta | None] = {}
         base_samples = d.samples(base) if base else []
@@ -223,7 +250,12 @@ def compare_variants(results: dict[str, dict], baseline: str) -> Comparison:
         rows.append(Row(d.key, d.label + (f" [{d.scenario}]" if d.scenario else ""), d.unit,
                         d.lower_is_better, cells, deltas, note, d.checks_stability))
     builds = {n: build_summary(results[n]) for n in names if n in ok}
-    warnings += [f"{n}: {note}" for n, b in builds.items() for note in b["notes"]]
+    for n in names:
+        for row in results[n].get("stability") or []:
+            if row["status"] != "ok":
+                err = "not finite" if row["rel_error"] is None else f"{row['rel_error']:.3g}"
+                warnings.append(f"{n}: attention in {row['dtype']} at {row['length']} tokens is {row['status']} "
+                                f"(relative error {err} against float64)")
     return Comparison(baseline, names, {n: results[n].get("status", "failed") for n in names},
                       {n: results[n].get("reason") for n in names},
                       {n: results[n].get("tokenizer_id") for n in names}, tuple(rows), tuple(warnings), builds)

@@ -92,10 +92,52 @@ class Offline:
         return passes
 
 
+def prompt_of_length(backend, samples: Sequence[dict], length: int) -> list[int]:
+    """Token ids of exactly `length` tokens: the dataset's prompts, concatenated and cut."""
+    ids: list[int] = []
+    i = 0
+    while len(ids) < length:
+        ids += backend.tokenizer(samples[i % len(samples)]["prompt"] + "\n").input_ids
+        i += 1
+    return ids[:length]
+
+
+@dataclass(frozen=True)
+class LengthSweep:
+    """Prefill and decode cost against prompt length: per length, `repeats` requests of exactly that
+    many prompt tokens, each decoding `decode_tokens` tokens with stop tokens ignored. TTFT of a record
+    is its prefill time; TPOT its per-token decode time at that context length."""
+
+    lengths: tuple[int, ...] = (128, 512, 2048)
+    decode_tokens: int = 16
+    repeats: int = 3
+    warmup: int = 1
+    clock: Clock = time.perf_counter
+    name: str = "length-sweep"
+
+    def run(self, backend, samples, max_new_tokens, progress: Progress | None = None):
+        progress = progress or _noop
+        if not backend.capabilities.token_input:
+            raise ValueError("this backend takes no token-id prompts; the length sweep needs exact lengths")
+        prompts = {n: prompt_of_length(backend, samples, n) for n in self.lengths}
+        for w in range(self.warmup):
+            backend.generate_ids(f"warmup-{w}", prompts[self.lengths[0]], 2, stop=False)
+        start = self.clock()
+        records = []
+        total = len(self.lengths) * self.repeats
+        for n in self.lengths:
+            for r in range(self.repeats):
+                records.append(backend.generate_ids(f"len{n}-{r}", prompts[n], self.decode_tokens, stop=False))
+                progress(len(records) / total)
+        return [ScenarioPass(self.name, start, self.clock(), tuple(records))]
+
+
 def scenario_from_spec(spec) -> Scenario:
-    """Build a scenario from its suite entry (suite.SingleStreamSpec / suite.OfflineSpec)."""
+    """Build a scenario from its suite entry (suite.SingleStreamSpec / OfflineSpec / LengthSweepSpec)."""
     if spec.type == "single-stream":
         return SingleStream(spec.requests, spec.min_duration_s, spec.warmup)
     if spec.type == "offline":
         return Offline(spec.batch_size, spec.passes, spec.min_duration_s, spec.warmup)
+    if spec.type == "length-sweep":
+        return LengthSweep(tuple(spec.lengths), spec.decode_tokens, spec.repeats, spec.warmup)
     raise ValueError(f"unknown scenario type {spec.type!r}")

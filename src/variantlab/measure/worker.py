@@ -59,7 +59,7 @@ def run_measurement(spec: dict) -> dict:
     from ..environment import torch_fingerprint
     from ..errors import UnsupportedOnHardware
     from ..models.loading import load_causal_lm, tokenizer_fingerprint
-    from ..suite import OfflineSpec, SingleStreamSpec
+    from ..suite import SCENARIO_SPECS
     from ..variants.artifact import load_artifact
     from ..variants.registry import get_recipe, parse_options
     from .scenarios import scenario_from_spec
@@ -94,11 +94,12 @@ def run_measurement(spec: dict) -> dict:
     passes = {}
     specs = spec["scenarios"]
     for k, s in enumerate(specs):
-        sspec = (SingleStreamSpec if s["type"] == "single-stream" else OfflineSpec).model_validate(s)
+        sspec = SCENARIO_SPECS[s["type"]].model_validate(s)
         scenario = scenario_from_spec(sspec)
         done = lambda f, k=k: _progress(scenario.name, (k + f) / (len(specs) + 1))  # noqa: E731
         passes[scenario.name] = [p.to_json() for p in scenario.run(backend, samples, spec["max_new_tokens"], done)]
     memory = _peak_memory(device)  # before scoring: its full-vocabulary logits are not serving memory
+    stability = _attention_stability(model, facts, specs)
 
     accuracy = None
     n_acc = min(spec["accuracy_samples"], len(samples))
@@ -118,7 +119,7 @@ def run_measurement(spec: dict) -> dict:
         "facts": facts.to_json(), "tokenizer_id": backend.tokenizer_id,
         "cold_start": {"import_s": t_imported - t_spawn, "load_s": t_loaded - t_imported,
                        "first_token_s": t_first - t_loaded, "total_s": t_first - t_spawn},
-        "memory": memory, "passes": passes, "accuracy": accuracy,
+        "memory": memory, "passes": passes, "accuracy": accuracy, "stability": stability,
         "environment": torch_fingerprint(device, spec["seed"]),
     }
 
@@ -137,6 +138,29 @@ def _setup(spec: dict) -> str:
         torch.set_num_threads(spec["threads"])
     torch.manual_seed(spec["seed"])
     return device
+
+
+def _attention_stability(model, facts, scenario_specs: list[dict]) -> list[dict]:
+    """Relative error of this variant's attention kernel against float64 at growing lengths, in its
+    compute dtype (random q, k, v with the model's head shape); rows flagged over the threshold."""
+    from ..variants.attention import parse_attention, parse_attention_options
+    from ..variants.attention_stability import DTYPES, StabilityVariant, attention_stability
+
+    attn = facts.extra.get("attention") or {}
+    spec = attn.get("attention")
+    spec = "sdpa" if spec in (None, "model's own") else spec
+    options = {"linear_state_dtype": attn["linear_state_dtype"]} if attn.get("linear_state_dtype") else {}
+    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(attn.get("cache_dtype"),
+                                                                          attn.get("cache_dtype", "fp32"))
+    sweep = [n for s in scenario_specs if s["type"] == "length-sweep" for n in s.get("lengths", ())]
+    lengths = sorted(set(sweep)) or [512, 2048]
+    variant = StabilityVariant(spec, parse_attention(spec), parse_attention_options(options))
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if dtype not in DTYPES:
+        return []
+    return [r.to_json() for r in attention_stability([variant], lengths, (dtype,), heads=heads, head_dim=head_dim)]
 
 
 def _attention_of(variant: dict) -> dict | None:

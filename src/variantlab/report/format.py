@@ -31,6 +31,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return f"{value:.2f}%"
     if unit == "ratio":
         return f"{value:.4f}"
+    if unit == "rel":
+        return f"{value:.2e}"
     if unit == "nats":
         return f"{value:.3g}"
     if unit == "bits":
@@ -90,9 +92,12 @@ def status_lines(c: Comparison) -> list[str]:
     lines.append("token counts use tokenizer " + ", ".join(
         f"{v}={c.tokenizers[v]}" for v in c.variants if c.tokenizers.get(v)) if len(toks) > 1 else
         f"token counts use tokenizer {next(iter(toks))} (all variants)" if toks else "no variant ran")
-    lines += [f"{v}: {b['recipe']}" + (f" + attention {b['attention']}" if b.get("attention") else "")
-              + f" on {b['device']}" + (f", built in {b['build_s']:.1f} s" if b.get("build_s") else "")
-              + f"; kernels: {', '.join(b['kernels']) or 'n/a'}" for v, b in c.builds.items()]
+    for v, b in c.builds.items():
+        attention = b.get("attention")
+        lines.append(f"{v}: {b['recipe']}" + (f" + attention {attention}" if attention not in (None, "model's own") else "")
+                     + f" on {b['device']}" + (f", built in {b['build_s']:.1f} s" if b.get("build_s") else "")
+                     + f"; kernels: {', '.join(b['kernels']) or 'n/a'}")
+        lines += [f"  note: {note}" for note in b.get("notes", ())]
     lines += [f"warning: {w}" for w in c.warnings]
     lines += [f"note: {r.label}: {r.note}" for r in c.rows if r.note]
     return lines
