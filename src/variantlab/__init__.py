@@ -12,10 +12,12 @@ __version__ = "0.1.0"
 __all__ = ["bench", "load_suite", "__version__"]
 
 
-def bench(suite_path, *, store=None, output_dir=None):
-    """Measure every variant of a suite file; returns the BenchResult the CLI prints."""
+def bench(suite_path, *, store=None, output_dir=None, artifacts=None):
+    """Measure every variant of a suite file; returns the BenchResult the CLI prints.
+
+    artifacts: a folder written by `variantlab build` whose artifacts are reused when they match."""
     from .measure.runner import run_bench
-    return run_bench(suite_path, store_path=store, output_dir=output_dir)
+    return run_bench(suite_path, store_path=store, output_dir=output_dir, artifacts_dir=artifacts)
 
 
 def load_suite(path):

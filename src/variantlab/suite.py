@@ -108,6 +108,8 @@ class VariantSpec(_Frozen):
                                                     "applied before the recipe")
     attention_options: dict[str, Any] = Field(default_factory=dict,
                                               description="linear_state_dtype: fp32 | model, linear_chunk")
+    compile: bool = Field(False, description="torch.compile each decoder layer's MLP (dynamic shapes); "
+                                             "compile time is reported apart from warm figures")
 
 
 class SLOSpec(_Frozen):

@@ -162,3 +162,12 @@ def test_length_sweep_rows_and_an_unstable_attention_is_flagged(tmp_path):
     # linear attention with its state in fp16 overflows by 2,048 tokens at this head shape: the report says so
     assert any(w.startswith("lin16: attention in fp16 at 2048 tokens is") for w in c.warnings), c.warnings
     assert not any(w.startswith("base: attention") for w in c.warnings)
+
+
+def test_compiled_variant_reports_compile_time_apart(tmp_path):
+    suite = _write_suite(tmp_path, [{"name": "eager"}, {"name": "compiled", "compile": True}])
+    c = variantlab.bench(suite).comparison
+    assert c.status == {"eager": "ok", "compiled": "ok"}, c.reasons
+    assert c.row("cold_start_compile").cells["compiled"].value > 0
+    assert c.row("cold_start_compile").cells["eager"] is None  # not compiled: no such stage
+    assert any("torch.compile" in k for k in c.builds["compiled"]["kernels"])

@@ -79,6 +79,8 @@ METRICS: tuple[MetricDef, ...] = (
               lambda r: _one(r.get("cold_start", {}).get("import_s"))),
     MetricDef("cold_start_load", "Cold start: load", "s", True,
               lambda r: _one(r.get("cold_start", {}).get("load_s"))),
+    MetricDef("cold_start_compile", "Cold start: compile", "s", True,
+              lambda r: _one(r.get("cold_start", {}).get("compile_s"))),
     MetricDef("cold_start_first_token", "Cold start: first token", "s", True,
               lambda r: _one(r.get("cold_start", {}).get("first_token_s"))),
     MetricDef("cold_start_total", "Cold start: total", "s", True,

@@ -43,12 +43,13 @@ class PlannedVariant:
     model_path: Path
     attention: str | None = None
     attention_options: dict | None = None
+    compile: bool = False
 
     def to_spec(self) -> dict:
         """The variant as a worker reads it."""
         return {"name": self.name, "recipe": self.recipe, "options": self.options,
                 "model_path": str(self.model_path), "attention": self.attention,
-                "attention_options": self.attention_options or {}}
+                "attention_options": self.attention_options or {}, "compile": self.compile}
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
         if v.model is not None:
             path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
             check_model_dir(path, file=suite_path, field=f"{field}.model")
-        planned.append(PlannedVariant(v.name, recipe, options, path, attention, dict(v.attention_options)))
+        planned.append(PlannedVariant(v.name, recipe, options, path, attention, dict(v.attention_options),
+                                      v.compile))
     planned.sort(key=lambda p: p.name != suite.baseline_name)
     ds = suite.workload.dataset
     if ds.path is not None:

@@ -87,6 +87,9 @@ def run_measurement(spec: dict) -> dict:
     t_loaded = time.time()
 
     samples = [json.loads(line) for line in Path(spec["samples_path"]).read_text().splitlines() if line]
+    if variant.get("compile"):
+        facts = compile_model(model, backend, samples, facts)
+    t_compiled = time.time()
     backend.generate("cold-start", samples[0]["prompt"], 1)
     t_first = time.time()
     _progress("loaded", 0.0)
@@ -118,7 +121,8 @@ def run_measurement(spec: dict) -> dict:
         "status": "ok", "reason": None, "device": device,
         "facts": facts.to_json(), "tokenizer_id": backend.tokenizer_id,
         "cold_start": {"import_s": t_imported - t_spawn, "load_s": t_loaded - t_imported,
-                       "first_token_s": t_first - t_loaded, "total_s": t_first - t_spawn},
+                       "compile_s": (t_compiled - t_loaded) if variant.get("compile") else None,
+                       "first_token_s": t_first - t_compiled, "total_s": t_first - t_spawn},
         "memory": memory, "passes": passes, "accuracy": accuracy, "stability": stability,
         "environment": torch_fingerprint(device, spec["seed"]),
     }
@@ -161,6 +165,32 @@ def _attention_stability(model, facts, scenario_specs: list[dict]) -> list[dict]
     if dtype not in DTYPES:
         return []
     return [r.to_json() for r in attention_stability([variant], lengths, (dtype,), heads=heads, head_dim=head_dim)]
+
+
+def compile_model(model, backend, samples: list[dict], facts):
+    """torch.compile (inductor, dynamic shapes) each decoder layer's MLP, then run the shapes the
+    scenarios will (one request, a batch of two) so that compilation happens here, timed as its own
+    cold-start stage and never inside a measurement. Attention and the KV cache stay eager:
+    transformers' DynamicCache mutates Python state, which breaks graphs on every token."""
+    import dataclasses
+
+    import torch
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or not all(hasattr(layer, "mlp") for layer in layers):
+        from ..errors import RecipeError
+        raise RecipeError(f"compile: true needs decoder layers with an .mlp; {type(model).__name__} has none",
+                          field="compile", accepted="a Llama/Mistral/Qwen2-style model, or compile: false")
+    for layer in layers:
+        layer.mlp = torch.compile(layer.mlp, dynamic=True)
+    t0 = time.perf_counter()
+    prompts = [s["prompt"] for s in samples[:2]] * (2 if len(samples) < 2 else 1)
+    backend.generate("compile", prompts[0], 3)
+    backend.generate_batch(["compile-0", "compile-1"], prompts[:2], 3)
+    return dataclasses.replace(facts, kernels=facts.kernels + ("torch.compile (inductor, dynamic) of decoder MLPs",),
+                               extra={**facts.extra, "compile": {"backend": "inductor", "dynamic": True,
+                                                                 "scope": "decoder MLPs",
+                                                                 "warmup_s": time.perf_counter() - t0}})
 
 
 def _attention_of(variant: dict) -> dict | None:

@@ -62,6 +62,12 @@ def fmt_delta(d: Delta | None) -> str:
     return text
 
 
+def visible_rows(c: Comparison) -> list[Row]:
+    """Rows with a value for some variant, or a note (a compile row without compiled variants is left out)."""
+    return [r for r in c.rows if r.note or any(e is not None and e.value is not None for e in r.cells.values())
+            or all(c.status.get(v) != "ok" for v in c.variants)]
+
+
 def delta_columns(c: Comparison) -> list[str]:
     """One Delta column per non-baseline variant."""
     return [v for v in c.variants if v != c.baseline]

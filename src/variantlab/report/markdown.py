@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..measure.analysis import Comparison
-from .format import header, row_cells, status_lines
+from .format import header, row_cells, status_lines, visible_rows
 
 
 def _md_row(cells: list[str]) -> str:
@@ -12,7 +12,7 @@ def _md_row(cells: list[str]) -> str:
 def comparison_markdown(c: Comparison) -> str:
     cols = header(c)
     lines = [_md_row(cols), "|" + "---|" * len(cols)]
-    lines += [_md_row(row_cells(c, r)) for r in c.rows]
+    lines += [_md_row(row_cells(c, r)) for r in visible_rows(c)]
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..measure.analysis import Comparison, Row
-from .format import delta_columns, header, row_cells
+from .format import delta_columns, header, row_cells, visible_rows
 
 
 def _delta_style(row: Row, variant: str) -> str | None:
@@ -29,7 +29,7 @@ def comparison_table(c: Comparison, title: str | None = None) -> Table:
     for i, col in enumerate(header(c)):
         t.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
     n_values = 1 + len(c.variants)
-    for r in c.rows:
+    for r in visible_rows(c):
         cells = [escape(x) for x in row_cells(c, r, with_ci=False)]
         for k, v in enumerate(delta_columns(c)):
             style = _delta_style(r, v)
