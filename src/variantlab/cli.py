@@ -23,6 +23,15 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _open_store(path: Path):
+    """An existing results store (reading never creates one)."""
+    from .store import Store
+    if not path.exists():
+        raise VariantlabError("no results store here", file=str(path),
+                              accepted="the path of a store written by `variantlab bench` (--store)")
+    return Store(path)
+
+
 def _fail(e: VariantlabError) -> None:
     err_console.print(f"[bold red]error:[/] {e.one_line()}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
@@ -139,12 +148,8 @@ def runs(store: Path = typer.Option(Path("variantlab.sqlite"), help="results sto
     """List the runs in the results store."""
     from rich.table import Table
 
-    from .store import Store
     try:
-        if not store.exists():
-            raise VariantlabError("no results store here", file=str(store),
-                                  accepted="the path of a store written by `variantlab bench` (--store)")
-        with Store(store) as s:
+        with _open_store(store) as s:
             rows = s.runs(limit)
     except VariantlabError as e:
         _fail(e)
@@ -163,12 +168,8 @@ def show(run: str = typer.Argument(..., help="run id (or a unique prefix)"),
     from .report.format import status_lines
     from .report.markdown import comparison_markdown
     from .report.table import comparison_table
-    from .store import Store
     try:
-        if not store.exists():
-            raise VariantlabError("no results store here", file=str(store),
-                                  accepted="the path of a store written by `variantlab bench` (--store)")
-        with Store(store) as s:
+        with _open_store(store) as s:
             row = s.run(run)
             if row.comparison:
                 comparison = Comparison.from_json(row.comparison)

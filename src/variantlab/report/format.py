@@ -52,14 +52,7 @@ def fmt_estimate(e: Estimate | None, with_ci: bool = True, check_stability: bool
 
 
 def fmt_delta(d: Delta | None) -> str:
-    if d is None or d.pct is None:
-        return "—"
-    text = f"{d.pct:+.1f}%"
-    if d.low is not None and d.high is not None:
-        text += f" [{d.low:+.1f}, {d.high:+.1f}]"
-    if d.significant is False:
-        text += " (n.s.)"
-    return text
+    return "—" if d is None or d.pct is None else d.label()
 
 
 def visible_rows(c: Comparison) -> list[Row]:
