@@ -12,7 +12,10 @@ Quantized layers are the modules `apply` swaps in (variants/quant_linear.py), co
 A group size that does not divide in_features (688 in the reference model) is run with
 pad_to_group (zero-padded K), as the recipe would with that option.
 
-    python benchmarks/quant_kernels.py [--threads 1] [--quick] [--min-time 0.2]
+    python benchmarks/quant_kernels.py [--threads 1] [--quick] [--min-time 0.2] [--torchao]
+
+--torchao adds torchao's int8 weight-only layer, eager and compiled, so that "prefer torchao where
+it runs correctly and faster" is a measurement (torchao is not a dependency; install it to compare).
 
 Timing: torch.utils.benchmark.Timer.blocked_autorange (warm-up, then blocks until --min-time),
 median per call; one thread by default, as in DESIGN.md's table. Ratios come from one run on a
@@ -35,10 +38,22 @@ from variantlab.variants import quant_linear as ql
 CONFIG = Path(__file__).resolve().parents[1] / "src/variantlab/models/tiny_structured/config.json"
 
 
-def variants():
+def _torchao(config_name: str, compiled: bool):
+    """A torchao-quantized bf16 linear (torchao is optional: `pip install torchao==0.18.0`)."""
+    def build(lin):
+        import torchao.quantization as tq
+        lin = lin.to(torch.bfloat16)
+        tq.quantize_(lin, getattr(tq, config_name)())
+        return torch.compile(lin, dynamic=True) if compiled else lin
+    return build
+
+
+def variants(with_torchao: bool = False):
     """(label, build(linear) -> callable module, compute dtype)."""
     bf = torch.bfloat16
-    return [
+    extra = [("torchao int8wo eager", _torchao("Int8WeightOnlyConfig", False), bf),
+             ("torchao int8wo compiled", _torchao("Int8WeightOnlyConfig", True), bf)] if with_torchao else []
+    return extra + [
         ("fp32", lambda lin: lin, torch.float32),
         ("bf16", lambda lin: lin.to(bf), bf),
         ("int8", lambda lin: ql.Int8WeightOnly(lin, bf), bf),
@@ -81,17 +96,17 @@ def stored_bytes(mod) -> int:
     return sum(t.numel() * t.element_size() for t in mod.state_dict().values())
 
 
-def bench_shape(label: str, k: int, n: int, ms: list[int], min_time: float) -> None:
+def bench_shape(label: str, k: int, n: int, ms: list[int], min_time: float, with_torchao: bool = False) -> None:
     torch.manual_seed(0)
     base = nn.Linear(k, n, bias=False)
     nn.init.normal_(base.weight, std=0.02)
     rows, times = [], {}
-    for name, build, dtype in variants():
+    for name, build, dtype in variants(with_torchao):
         lin = nn.Linear(k, n, bias=False)
         lin.load_state_dict(base.state_dict())
         try:
             mod = build(lin)
-        except RuntimeError as e:
+        except (RuntimeError, ImportError, AttributeError) as e:
             rows.append((name, None, str(e).splitlines()[0]))
             continue
         t = [median_s(mod, torch.randn(m, k, dtype=dtype), min_time) for m in ms]
@@ -121,6 +136,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="smoke run: two shapes, M = 1 and 64, short timings")
     ap.add_argument("--min-time", type=float, default=None, help="seconds per timing (default 0.2, quick 0.03)")
+    ap.add_argument("--torchao", action="store_true",
+                    help="also time torchao 0.18's Int8WeightOnlyConfig, eager and under torch.compile")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     ms = [1, 64] if args.quick else [1, 8, 64, 256]
@@ -129,7 +146,7 @@ def main() -> None:
           f"min_time={min_time}s; compute dtype of quantized layers: bf16")
     t0 = time.perf_counter()
     for label, k, n in shapes(args.quick):
-        bench_shape(label, k, n, ms, min_time)
+        bench_shape(label, k, n, ms, min_time, args.torchao)
     print(f"\n{time.perf_counter() - t0:.0f} s")
 
 

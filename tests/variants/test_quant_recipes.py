@@ -276,3 +276,31 @@ def test_analysis_vocabulary_refuses_combinations_that_do_not_exist(words):
     with pytest.raises(RecipeError, match="no recipe for") as e:
         recipe_from_analysis_vocabulary(*words)
     assert "int4/int8 asymmetric → w4a8" in str(e.value)
+
+
+def _family(name: str):
+    """A tiny random model of another transformers family whose linears are nn.Linear."""
+    import transformers
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg_cls, model_cls = {"mistral": ("MistralConfig", "MistralForCausalLM"),
+                          "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                          "phi3": ("Phi3Config", "Phi3ForCausalLM")}[name]
+    torch.manual_seed(0)
+    return getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**common)).eval()
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "phi3"])
+@pytest.mark.parametrize("name", ["int8", "int4", "w8a8"])
+def test_recipes_work_on_other_families(family, name):
+    model = _family(family)
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    ref = _logits(model, ids)
+    m, facts = _apply(model, name)
+    assert _decoder_linears(m) and all(isinstance(m.get_submodule(n), ql.QuantLinear) for n in _decoder_linears(m))
+    out = _logits(m, ids)
+    assert torch.isfinite(out).all()
+    agree = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    assert agree >= 0.8, (family, name, agree)
+    assert facts.bits_per_weight < 32
