@@ -13,6 +13,7 @@ import tempfile
 import time
 
 import variantlab
+from variantlab.report.markdown import comparison_markdown
 
 
 def main() -> None:
@@ -33,6 +34,7 @@ def main() -> None:
                     per_variant.setdefault(v, []).append(est.value)
             print(f"run {i + 1}: {walls[-1]:.1f} s wall; output throughput "
                   + ", ".join(f"{v} {row.cells[v].value:.1f} tok/s" for v in row.cells if row.cells[v]))
+    print("\nlast run's table:\n" + comparison_markdown(result.comparison))
     print(f"wall time per run: median {statistics.median(walls):.1f} s (min {min(walls):.1f}, max {max(walls):.1f})")
     for v, xs in per_variant.items():
         cv = statistics.stdev(xs) / statistics.mean(xs) if len(xs) > 1 else float("nan")
