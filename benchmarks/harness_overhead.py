@@ -1,7 +1,7 @@
 """Harness overhead: per-token time through the single-stream scenario vs a bare decode loop.
 
-Both run in this process on the same model and prompts, interleaved round by round so that
-machine noise hits both alike. Stop tokens are switched off in the backend so that both loops
+Both run in this process on the same model and prompts, interleaved round by round (ABBA order)
+so that machine noise and warm caches favour neither. Stop tokens are switched off in the backend so that both loops
 generate exactly --tokens tokens per prompt (the harness code path is unchanged: the stop check
 runs against an empty set). The bare loop is the same KV-cached greedy loop with nothing else:
 no records, no clock per token.
@@ -64,10 +64,13 @@ def main() -> None:
         bare_per_token(model, tok, s["prompt"], 8)
         backend.generate("w", s["prompt"], 8)
     harness, bare = [], []
-    for _ in range(args.rounds):
-        (p,) = scenario.run(backend, samples, args.tokens)
-        harness += tpot(p.records)
-        bare += [bare_per_token(model, tok, s["prompt"], args.tokens) for s in samples]
+    for r in range(args.rounds):  # ABBA order: neither loop always runs first (caches, frequency)
+        for which in (("harness", "bare") if r % 2 == 0 else ("bare", "harness")):
+            if which == "harness":
+                (p,) = scenario.run(backend, samples, args.tokens)
+                harness += tpot(p.records)
+            else:
+                bare += [bare_per_token(model, tok, s["prompt"], args.tokens) for s in samples]
     h, b = statistics.median(harness), statistics.median(bare)
     print(f"model {path} | threads {torch.get_num_threads()} | {args.rounds} rounds x {len(samples)} prompts "
           f"x {args.tokens} tokens")

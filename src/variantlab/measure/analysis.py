@@ -28,6 +28,7 @@ class MetricDef:
     # Repeated measurements of one quantity (passes, per-token times), whose spread says whether the
     # machine was steady; per-request E2EL/TTFT differ by prompt by design and are not checked.
     checks_stability: bool = False
+    with_delta: bool = True               # False: a percent change says nothing (errors near 0)
 
 
 def _passes(r: dict, scenario: str) -> list[ScenarioPass]:
@@ -130,7 +131,7 @@ def _stability_error(r: dict) -> list[float]:
 
 
 STABILITY_METRIC = MetricDef("attention_error", "Attention rel. error vs fp64 (longest length)", "rel", True,
-                             _stability_error)
+                             _stability_error, with_delta=False)
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ def compare_variants(results: dict[str, dict], baseline: str) -> Comparison:
             cells[n] = est = estimate(s, d.unit, d.statistic) if s else None
             if est is not None and est.unstable and d.checks_stability:
                 unstable.append(f"{n} {100 * est.cv:.0f}%")
-            if n == baseline or not s or not base_samples:
+            if n == baseline or not s or not base_samples or not d.with_delta:
                 deltas[n] = None
             elif len(s) == 1 and len(base_samples) == 1:
                 deltas[n] = exact_delta(base_samples[0], s[0]) if base_samples[0] else None
