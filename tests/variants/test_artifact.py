@@ -31,6 +31,7 @@ CASES = {
     "int4-g32": ("int4", {"group_size": 32}),
     "w4a8-g64": ("w4a8", {"group_size": 64, "pad_to_group": True}),
     "int8-python": ("int8", {"dequant": "python"}),
+    "int8-embeddings": ("int8", {"quantize_embeddings": True}),
 }
 
 
@@ -127,7 +128,8 @@ def test_variant_json_says_what_was_built_and_from_what(tiny_model_dir, round_tr
     assert set(meta["modules"]) == set(swapped)
     for name, st in meta["modules"].items():
         assert st["class"] == type(swapped[name]).__name__
-        assert st["attrs"]["in_features"] == swapped[name].in_features
+        width = "num_embeddings" if isinstance(swapped[name], ql.Int8Embedding) else "in_features"
+        assert st["attrs"][width] == getattr(swapped[name], width)
     if case == "int4-g64":
         st = meta["modules"]["model.layers.0.self_attn.q_proj"]
         assert st["attrs"]["group_size"] == 64 and st["attrs"]["k_pad"] == 32

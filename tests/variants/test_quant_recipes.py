@@ -206,7 +206,6 @@ def test_pad_to_group_runs_a_model_no_group_size_divides(llama):
 
 
 @pytest.mark.parametrize("options,match", [({"group_size": 48}, "group_size"),
-                                           ({"quantize_embeddings": True}, "embeddings"),
                                            ({"bits": 3}, "bits"), ({"dequant": "triton"}, "dequant")])
 def test_bad_options_are_recipe_errors(options, match):
     with pytest.raises(RecipeError, match=match):
@@ -304,3 +303,16 @@ def test_recipes_work_on_other_families(family, name):
     agree = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
     assert agree >= 0.8, (family, name, agree)
     assert facts.bits_per_weight < 32
+
+
+@pytest.mark.parametrize("dequant", ["kernel", "python"])
+def test_quantize_embeddings_stores_int8_rows_and_keeps_outputs(llama, dequant):
+    model, ids, logits = llama
+    q, facts = _apply(model, "int8", quantize_embeddings=True, compute_dtype="fp32", dequant=dequant)
+    emb = q.get_input_embeddings()
+    assert isinstance(emb, ql.Int8Embedding) and emb.qweight.dtype == torch.int8
+    plain, plain_facts = _apply(model, "int8", compute_dtype="fp32")
+    assert facts.weight_bytes < plain_facts.weight_bytes  # the table went from 4 bytes a weight to ~1
+    agree = (_logits(q, ids).argmax(-1) == logits.argmax(-1)).float().mean().item()
+    assert agree >= 0.9
+    assert any("embedding" in k for k in facts.kernels)

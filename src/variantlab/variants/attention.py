@@ -227,7 +227,8 @@ def _facts(model, spec: AttentionSpec, options: AttentionOptions, notes: list[st
     kv_heads = _kv_heads(cfg)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    dtype = emb.weight.dtype if emb is not None else next(model.parameters()).dtype  # the compute dtype
+    dtype = (emb.weight.dtype if hasattr(emb, "weight") else emb.dtype) if emb is not None \
+        else next(model.parameters()).dtype  # the compute dtype
     elt = dtype.itemsize
     per_token, state, window = 2 * layers * kv_heads * head_dim * elt, 0, None
     if spec.kind == "sliding":

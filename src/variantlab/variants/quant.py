@@ -2,7 +2,8 @@
 
 Two steps, as in gpt-fast: the worker loads the checkpoint in `load_dtype` (the compute dtype, so
 that peak memory never holds an fp32 copy), then `apply` quantizes every nn.Linear it targets and
-swaps it in place for a module of quant_linear.py; model code knows nothing of this. Embeddings,
+swaps it in place for a module of quant_linear.py; model code knows nothing of this. Embeddings
+(unless quantize_embeddings: int8 rows, one scale per row),
 norms and the LM head stay in the compute dtype unless an option says otherwise.
 
 What each recipe runs, and its cost, is in quant_linear.py's docstring; the measured per-layer
@@ -36,16 +37,8 @@ class QuantOptions(BaseModel):
 
     compute_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     dequant: Literal["kernel", "python"] = "kernel"
-    quantize_embeddings: bool = False
+    quantize_embeddings: bool = False   # true: the input embedding table in int8, one scale per row
     quantize_lm_head: bool = False
-
-    @field_validator("quantize_embeddings")
-    @classmethod
-    def _embeddings_stay(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("quantizing embeddings is not supported: they are a table lookup, not a matmul, "
-                             "and stay in compute_dtype; use quantize_embeddings: false")
-        return v
 
 
 class GroupQuantOptions(QuantOptions):
@@ -106,8 +99,26 @@ class QuantRecipe:
             setattr(model.get_submodule(parent) if parent else model, child, new)
             swapped.append(new)
         del linear
+        if options.quantize_embeddings:
+            swapped.append(_quantize_embeddings(model, dtype, options.dequant))
         cast_parameters(model, dtype)  # everything not swapped: embeddings, norms, kept linears
         return _facts(self, model, options, parameters, swapped, kept, tied_head)
+
+
+def _quantize_embeddings(model, dtype, path: str):
+    """Swap the input embedding table for its int8 form (the LM head keeps its own weight if tied)."""
+    from torch import nn
+
+    from . import quant_linear as ql
+
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not isinstance(emb, nn.Embedding):
+        raise RecipeError(f"quantize_embeddings: {type(model).__name__}'s input embeddings are "
+                          f"{type(emb).__name__}, not nn.Embedding", field="quantize_embeddings",
+                          accepted="false for this model")
+    new = ql.Int8Embedding(emb, dtype, path)
+    model.set_input_embeddings(new)
+    return new
 
 
 def _targets(model, recipe: str, quantize_lm_head: bool):

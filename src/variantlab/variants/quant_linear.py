@@ -130,6 +130,37 @@ class QuantLinear(nn.Module):
         return module
 
 
+class Int8Embedding(QuantLinear):
+    """An embedding table in int8, one symmetric scale per row (token): a lookup gathers the int8 rows
+    and dequantizes only those, so no full-precision table exists at run time. `python` dequantizes
+    the whole table on every call (the labelled slow path). Rebuilt from artifacts like the linears."""
+
+    def __init__(self, embedding: nn.Embedding, dtype: torch.dtype, path: str = "kernel") -> None:
+        nn.Module.__init__(self)
+        if path not in ("kernel", "python"):
+            raise ValueError(f"path must be 'kernel' or 'python', not {path!r}")
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+        self.dtype, self.path, self.device_type = dtype, path, embedding.weight.device.type
+        q, s = qp.quantize_int8_per_channel(embedding.weight, dtype)
+        self.register_buffer("qweight", q)  # [V, D] int8
+        self.register_buffer("scales", s)   # [V] dtype
+        self.kernel = ("aten::embedding of int8 rows × per-row scale" if path == "kernel"
+                       else f"python dequant of the whole int8 table → {DTYPE_NAMES[dtype]} + aten::embedding")
+
+    @property
+    def logical_parameters(self) -> int:
+        return self.num_embeddings * self.embedding_dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.path == "python":
+            return F.embedding(ids, qp.dequantize_int8_per_channel(self.qweight, self.scales, self.dtype))
+        return F.embedding(ids, self.qweight).to(self.dtype) * F.embedding(ids, self.scales[:, None])
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows, path={self.path}"
+
+
 class Int8WeightOnly(QuantLinear):
     """W8A16: int8 per-output-channel symmetric weights, activations in the compute dtype."""
 
