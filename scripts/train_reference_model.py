@@ -68,12 +68,15 @@ MAX_NEW_TOKENS = 24
 
 # --- tokenizer -------------------------------------------------------------------------------
 
-def train_tokenizer(vocab_size: int, n_texts: int = 20_000) -> Tokenizer:
-    """Byte-level BPE over generated samples; whitespace characters stay single tokens."""
+def train_tokenizer(vocab_size: int, n_texts: int = 20_000, digit_tokens: bool = False) -> Tokenizer:
+    """Byte-level BPE over generated samples; whitespace characters stay single tokens (and digits, with
+    digit_tokens: 10 digit tokens to copy instead of ~600 multi-digit numbers)."""
     texts = [s["prompt"] + " " + s["answer"] for s in generate_samples(n_texts, TOKENIZER_SEED)]
     tokenizer = Tokenizer(models.BPE())
+    digits = [pre_tokenizers.Digits(individual_digits=True)] if digit_tokens else []
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"),
+        *digits,
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     tokenizer.decoder = decoders.ByteLevel()
@@ -281,6 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=200)
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--answer-weight", type=float, default=5.0)
+    parser.add_argument("--digit-tokens", action="store_true",
+                        help="split digits into single tokens (tried 2026-11-29 for 24 min: answer loss fell "
+                             "to 0.86 but exact match stayed at 16%%)")
     parser.add_argument("--copy-fraction", type=float, default=0.25,
                         help="share of each batch that is a repeated random token sequence "
                              "(fades to 0 at mid-run)")
@@ -408,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.steps:
             progress.total_steps = progress.first_step + args.steps
     else:
-        tokenizer = train_tokenizer(args.vocab_size)
+        tokenizer = train_tokenizer(args.vocab_size, digit_tokens=args.digit_tokens)
         model = make_model(args, tokenizer)
     ids = {name: tokenizer.token_to_id(name) for name in (BOS, EOS, PAD)}
     model.train()
