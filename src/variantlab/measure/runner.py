@@ -140,9 +140,7 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None,
     with Store(store_file) as store:
         store.create_run(run_id, suite.model_dump(mode="json"), suite_path, env, str(out))
         for v in plan.variants:
-            spec = {
-                "variant": v.to_spec(),
-                "device": suite.device, "threads": suite.threads or os.cpu_count(), "seed": suite.seed,
+            spec = _worker_spec(plan, v) | {
                 "samples_path": str(samples_path.resolve()),
                 "scenarios": [s.model_dump(mode="json") for s in suite.workload.scenarios],
                 "max_new_tokens": suite.workload.max_new_tokens,
@@ -183,10 +181,14 @@ def check_artifacts_dir(artifacts_dir: str | Path | None) -> None:
 
 
 def _build_spec(plan: Plan, v: PlannedVariant, artifact_dir: Path) -> dict:
+    return _worker_spec(plan, v) | {"mode": "build", "artifact_dir": str(artifact_dir.resolve())}
+
+
+def _worker_spec(plan: Plan, v: PlannedVariant) -> dict:
+    """What every worker job of a variant needs: the variant, device, threads and seed."""
     suite = plan.suite
-    return {"mode": "build", "artifact_dir": str(artifact_dir.resolve()),
-            "variant": v.to_spec(),
-            "device": suite.device, "threads": suite.threads or os.cpu_count(), "seed": suite.seed}
+    return {"variant": v.to_spec(), "device": suite.device, "threads": suite.threads or os.cpu_count(),
+            "seed": suite.seed}
 
 
 def _build_record(result: dict, reused: bool, skipped: list[str]) -> dict:
