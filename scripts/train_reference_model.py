@@ -8,12 +8,19 @@ Writes a directory that `transformers.AutoModelForCausalLM.from_pretrained(dir)`
              ("A" ":") is followed by a lone " " and the answer's tokens match the record's tokens
              (copying is what the tasks need). Any UTF-8 text round-trips.
   model      LlamaForCausalLM, multi-head attention (kv heads == heads), fp32 safetensors < 16 MB.
-  training   AdamW, linear warm-up then cosine decay; every step a fresh batch of samples from
-             generator seed 1000 + 1_000_000 * --seed + step (evaluation uses seeds 0 and 7);
-             sequence = <s> prompt " " answer </s>; loss on every token, answer tokens weighted
-             x --answer-weight. A quarter of each early batch (fading to none at mid-run) is
-             a random sequence of the batch's tokens and its repeat (the repeat weighted), which
-             forms the copying circuit (induction heads) the tasks rely on.
+  training   AdamW, linear warm-up then cosine decay, in two phases:
+             1. `--copy-steps` steps on repeated random token sequences only (64 rows: a random
+                sequence and its repeat, the repeat weighted). Every extract/lookup answer needs an
+                induction head (find the earlier occurrence of the current token, copy what followed
+                it); here it forms in ~500 steps, while in task batches it had not formed after
+                1,400 (exact match stuck at ~15%).
+             2. the tasks: every step a fresh batch of samples from generator seed
+                1000 + 1_000_000 * --seed + step (evaluation uses seeds 0 and 7); a row is
+                <s> record, then `--questions` questions about it each followed by its answer, </s>.
+                The first question is the benchmark's own sample; the others ask about other fields,
+                rows or values of the same record, so a row carries several answers' worth of signal.
+                Loss on every token, answer tokens (and the token that ends each) weighted
+                x --answer-weight. A quarter of each batch (fading to none at mid-run) stays copy rows.
 
 Time-budgeted: `--minutes M` trains until the budget is spent (the step count is estimated from the
 measured step time and re-estimated at each evaluation, so the LR schedule ends near the budget;
@@ -25,7 +32,7 @@ tokens seen, loss, exact match (overall and per task), parameter count, wall tim
 fresh optimizer, so a run can be extended without starting over.
 
     python3 scripts/train_reference_model.py --minutes 3
-    nohup python3 scripts/train_reference_model.py --minutes 70 > /tmp/train_ref.log 2>&1 &
+    nohup python3 scripts/train_reference_model.py --minutes 80 > /tmp/train_ref.log 2>&1 &
     python3 scripts/train_reference_model.py --resume --minutes 30
 """
 from __future__ import annotations
@@ -57,7 +64,8 @@ from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM,  # no
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "src"))
 
-from variantlab.data.structured import TASKS, generate_samples  # noqa: E402
+from variantlab.data.structured import (KIND_SPECS, TASKS, generate_samples,  # noqa: E402
+                                        make_sample)
 
 DEFAULT_OUT = REPO_ROOT / "src" / "variantlab" / "models" / "tiny_structured"
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -135,51 +143,122 @@ class Batch:
     answer_mask: torch.Tensor  # (B, T) True where the target is an answer token or eos
 
 
-def encode_pairs(tokenizer: Tokenizer, samples: list[dict]) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, " answer" ids) per sample, without specials. Split = joint tokenization."""
-    prompts = tokenizer.encode_batch([s["prompt"] for s in samples], add_special_tokens=False)
-    answers = tokenizer.encode_batch([" " + s["answer"] for s in samples],
-                                     add_special_tokens=False)
-    return [(p.ids, a.ids) for p, a in zip(prompts, answers)]
+@dataclass(frozen=True)
+class Sequence:
+    """One training row: token ids (no specials) and the [start, end) spans that are answers."""
+    ids: list[int]
+    answers: list[tuple[int, int]]
 
 
-def make_batch(pairs: list[tuple[list[int], list[int]]], ids: dict[str, int],
-               answer_weight: float) -> Batch:
-    rows = [[ids[BOS], *p, *a, ids[EOS]] for p, a in pairs]
+def follow_up_questions(rng: random.Random, sample: dict, rows: list[dict], columns: list[str],
+                        k: int) -> list[tuple[str, str]]:
+    """Up to k - 1 more questions about the same record text, each answerable from it."""
+    spec = KIND_SPECS[sample["kind"]]
+    key = spec["key"]
+    if sample["task"] == "extract":
+        pairs = [(f"What is the {c}?", rows[0][c]) for c in columns]
+    elif sample["task"] == "lookup":
+        pairs = [(f"What is the {c} {spec['of']} {r[key]}?", r[c])
+                 for r in rows for c in columns if c != key]
+    else:
+        pairs = [(f"How many {spec['unit']} have {c} {v}?", str(sum(r[c] == v for r in rows)))
+                 for c in columns if c in spec["categorical"] for v in spec["categorical"][c]]
+    pairs = [p for p in pairs if p != (sample["question"], sample["answer"])]
+    rng.shuffle(pairs)
+    return pairs[:k - 1]
+
+
+def multi_question_sample(seed: int, index: int, k: int) -> dict:
+    """A generator sample (the first question is exactly the benchmark's) plus k - 1 follow-ups.
+
+    The benchmark's prompts ask one question; a training row asks up to k about the same record, so
+    a forward pass yields k answers' worth of the copy/lookup signal the tasks need instead of one
+    (an answer is ~3 of a row's ~76 tokens; the rest is mostly unpredictable record values).
+    """
+    sample = make_sample(seed, index)
+    record, question = sample["prompt"][:-len("\nA:")].rsplit("\nQ: ", 1)
+    rows, columns = parse_record(record, sample["kind"], sample["format"])
+    rng = random.Random(f"follow-up:{seed}:{index}")
+    return {**sample, "record": record, "question": question,
+            "qa": [(question, sample["answer"]),
+                   *follow_up_questions(rng, {**sample, "question": question}, rows, columns, k)]}
+
+
+def parse_record(record: str, kind: str, fmt: str) -> tuple[list[dict], list[str]]:
+    """Rows (as strings) and column names back out of a rendered record (inverse of `render`)."""
+    if fmt == "json":
+        parsed = json.loads(record, parse_float=str, parse_int=str)  # "327.10" stays as written
+        objects = parsed if isinstance(parsed, list) else [parsed]
+        rows = [{c: str(v) for c, v in o.items()} for o in objects]
+        return rows, list(objects[0])
+    lines = record.split("\n")
+    if fmt == "table":
+        delimiter = " | " if " | " in lines[0] else ","
+        columns = lines[0].split(delimiter)
+        return [dict(zip(columns, line.split(delimiter))) for line in lines[1:]], columns
+    if ": " in lines[0] and "=" not in lines[0]:  # one record, 'key: value' lines
+        pairs = [line.split(": ", 1) for line in lines]
+        return [dict(pairs)], [c for c, _ in pairs]
+    separator = " " if kind == "log" else "; "
+    rows = [dict(cell.split("=", 1) for cell in line.split(separator)) for line in lines]
+    return rows, list(rows[0])
+
+
+def encode_sequences(tokenizer: Tokenizer, samples: list[dict]) -> list[Sequence]:
+    """record, then each question and its answer, as one row. Piecewise encoding equals joint
+    encoding because every whitespace character is its own pre-token."""
+    def ids(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    sequences = []
+    for sample in samples:
+        tokens, answers = ids(sample["record"]), []
+        for question, answer in sample["qa"]:
+            tokens += ids(f"\nQ: {question}\nA:")
+            answer_ids = ids(" " + answer)
+            answers.append((len(tokens), len(tokens) + len(answer_ids)))
+            tokens += answer_ids
+        sequences.append(Sequence(tokens, answers))
+    return sequences
+
+
+def make_batch(sequences: list[Sequence], ids: dict[str, int], answer_weight: float) -> Batch:
+    """<s> ids </s>, right-padded; answer targets (and the final </s>) weighted `answer_weight`."""
+    rows = [[ids[BOS], *s.ids, ids[EOS]] for s in sequences]
     length = max(len(r) for r in rows) - 1
     inputs = torch.full((len(rows), length), ids[PAD], dtype=torch.long)
     targets = torch.full((len(rows), length), ids[PAD], dtype=torch.long)
     weights = torch.zeros((len(rows), length))
     answer_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-    for i, ((prompt, _), row) in enumerate(zip(pairs, rows)):
+    for i, (sequence, row) in enumerate(zip(sequences, rows)):
         n = len(row) - 1
         inputs[i, :n] = torch.tensor(row[:-1])
         targets[i, :n] = torch.tensor(row[1:])
         weights[i, :n] = 1.0
-        answer_start = len(prompt)  # target index of the first answer token (the lone " ")
-        weights[i, answer_start:n] = answer_weight
-        answer_mask[i, answer_start:n] = True
+        # ids index j is row index j + 1, predicted at target index j; each answer's span is
+        # extended by one to the token that ends it (the next question's newline, or </s>).
+        for start, end in sequence.answers:
+            weights[i, start:end + 1] = answer_weight
+            answer_mask[i, start:end + 1] = True
     mask = (weights > 0).long()
     return Batch(inputs, targets, weights, mask, answer_mask)
 
 
-def training_samples(seed: int, step: int, batch_size: int) -> list[dict]:
-    return generate_samples(batch_size, 1000 + 1_000_000 * seed + step)
+def training_samples(seed: int, step: int, batch_size: int, questions: int) -> list[dict]:
+    stream = 1000 + 1_000_000 * seed + step
+    return [multi_question_sample(stream, i, questions) for i in range(batch_size)]
 
 
-def copy_pair(seed: int, step: int, row: int, pool: list[int]) -> tuple[list[int], list[int]]:
-    """A random sequence (8-48 tokens) drawn from `pool`, and its repeat, as (prompt, answer).
+def copy_sequence(seed: int, step: int, row: int, pool: list[int]) -> Sequence:
+    """A random sequence (8-48 tokens) drawn from `pool`, then its repeat (the repeat weighted).
 
-    Every extract/lookup answer needs an induction head (find the earlier occurrence of the
-    current token, copy what followed it). Trained on the questions alone the model sat at ~15%
-    exact match for 1,800 steps without copying one digit of a key; repeated records did not help
-    (their tokens recur, so matching is ambiguous), and repeats of tokens drawn from the whole
-    vocabulary were slow (each token's copy mapping is learned separately and most are rare).
-    The pool is the distinct tokens of this step's samples: the ones the tasks must copy.
+    The copy phase draws from the whole vocabulary; copy rows mixed into task batches draw from the
+    distinct tokens of that batch's records (the ones the tasks must copy). The first token of the
+    repeat is not predictable, so its answer span starts one later.
     """
     rng = random.Random(f"copy:{seed}:{step}:{row}")
     tokens = [rng.choice(pool) for _ in range(rng.randint(8, 48))]
-    return tokens, tokens
+    return Sequence(tokens + tokens, [(len(tokens) + 1, 2 * len(tokens))])
 
 
 def copy_rows(batch_size: int, fraction: float, step: int, planned: int) -> int:
@@ -271,7 +350,7 @@ def save_atomically(out: Path, model: LlamaForCausalLM, tokenizer: Tokenizer,
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=70.0, help="wall-time budget")
+    parser.add_argument("--minutes", type=float, default=80.0, help="wall-time budget")
     parser.add_argument("--steps", type=int, default=None,
                         help="fixed step count (schedule no longer depends on timing)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -279,11 +358,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true",
                         help="continue from --out: its weights, tokenizer, step count and history "
                              "(fresh optimizer, --warmup-steps of warm-up again)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup-steps", type=int, default=200)
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--answer-weight", type=float, default=5.0)
+    parser.add_argument("--copy-steps", type=int, default=1000,
+                        help="first steps train on repeated random token sequences only (induction "
+                             "heads form there: ~600-800 steps at 64 rows; mixed into task batches they "
+                             "had not formed after 1,400 steps)")
+    parser.add_argument("--copy-batch-size", type=int, default=64)
+    parser.add_argument("--questions", type=int, default=6,
+                        help="questions (with answers) per training record; the first is the benchmark's")
     parser.add_argument("--digit-tokens", action="store_true",
                         help="split digits into single tokens (tried 2026-11-29 for 24 min: answer loss fell "
                              "to 0.86 but exact match stayed at 16%%)")
@@ -294,11 +380,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="minutes between evaluate+save (default min(5, minutes/3))")
     parser.add_argument("--eval-samples", type=int, default=200)
     parser.add_argument("--vocab-size", type=int, default=1024)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=4)
     # Multiples of 128 everywhere, so int4 group-wise quantization (group 32-128) fits every layer.
-    parser.add_argument("--intermediate", type=int, default=640)
+    parser.add_argument("--intermediate", type=int, default=384)
     parser.add_argument("--threads", type=int, default=2)
     return parser.parse_args(argv)
 
@@ -417,6 +503,7 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = train_tokenizer(args.vocab_size, digit_tokens=args.digit_tokens)
         model = make_model(args, tokenizer)
     ids = {name: tokenizer.token_to_id(name) for name in (BOS, EOS, PAD)}
+    vocabulary = [i for i in range(tokenizer.get_vocab_size()) if i not in ids.values()]
     model.train()
     optimizer = make_optimizer(model, args)
     held_out = {seed: generate_samples(args.eval_samples, seed) for seed in EVAL_SEEDS}
@@ -433,11 +520,17 @@ def main(argv: list[str] | None = None) -> None:
         planned = progress.total_steps - progress.first_step
         lr = learning_rate(step, planned, args.lr, min(args.warmup_steps, max(10, planned // 10)))
         n_copies = copy_rows(args.batch_size, args.copy_fraction, step, planned)
-        samples = training_samples(args.seed, progress.step, args.batch_size - n_copies)
-        pairs = encode_pairs(tokenizer, samples)
-        pool = sorted({t for prompt, _ in pairs for t in prompt})
-        pairs += [copy_pair(args.seed, progress.step, row, pool) for row in range(n_copies)]
-        batch = make_batch(pairs, ids, args.answer_weight)
+        if progress.step < args.copy_steps:
+            sequences = [copy_sequence(args.seed, progress.step, row, vocabulary)
+                         for row in range(args.copy_batch_size)]
+        else:
+            samples = training_samples(args.seed, progress.step, args.batch_size - n_copies,
+                                       args.questions)
+            sequences = encode_sequences(tokenizer, samples)
+            pool = sorted({t for s in sequences for t in s.ids[:s.answers[0][0]]})
+            sequences += [copy_sequence(args.seed, progress.step, row, pool)
+                          for row in range(n_copies)]
+        batch = make_batch(sequences, ids, args.answer_weight)
         loss, answer_loss = train_step(model, optimizer, batch, lr)
         progress.record(int(batch.mask.sum()), loss, answer_loss)
         window_steps += 1

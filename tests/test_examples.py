@@ -20,7 +20,7 @@ def test_example_suite_plans(path):
 def test_standard_vs_flash_maps_the_analysis_vocabulary():
     plan = plan_suite_file(Path(__file__).resolve().parents[1] / "examples" / "standard-vs-flash.yaml")
     by_name = {v.name: v for v in plan.variants}
-    assert (by_name["standard"].recipe, by_name["standard"].attention) == ("int8", "gqa:4")
+    assert (by_name["standard"].recipe, by_name["standard"].attention) == ("int8", "gqa:2")
     assert by_name["standard"].options == {"compute_dtype": "fp16"}
     assert (by_name["flash"].recipe, by_name["flash"].attention) == ("w4a8", "linear")
     assert by_name["flash"].options == {"group_size": 32}

@@ -13,6 +13,7 @@ import yaml
 
 from variantlab.measure.runner import plan_suite_file, run_bench, run_plan
 from variantlab.measure.worker import RESULT_VERSION
+from variantlab.report.format import fmt_value
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +63,7 @@ def test_build_writes_one_artifact_per_variant_and_prints_the_table(built):
         assert meta["recipe"] == recipe and meta["device_type"] == "cpu"
         size = (out / name / "model.safetensors").stat().st_size
         assert meta["weights"]["bytes_on_disk"] == size
-        assert f"{size / 2**20:.2f} MiB" in lines[name] and " ok " in lines[name]
+        assert fmt_value(size, "B") in lines[name] and " ok " in lines[name]
         assert (out / name / "tokenizer.json").is_file() and (out / name / "config.json").is_file()
     assert "unsupported" in lines["sparse"] and "CUDA" in proc.stdout
     assert not (out / "sparse").exists()
