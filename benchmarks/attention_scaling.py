@@ -34,6 +34,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from variantlab.report.format import fmt_value
 from variantlab.variants.attention import apply_attention, kv_cache_bytes_per_sequence
 
 DEFAULT_CONFIG = dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -117,14 +118,6 @@ def crossovers(lengths, ratios, tie: float = TIE) -> list[str]:
     return out
 
 
-def fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -169,7 +162,7 @@ def main() -> None:
             pre, dec = measure(model, n, decode_tokens, repeats)
             results[spec, n] = (pre, dec, kv_cache_bytes_per_sequence(facts, n))
             print(f"  {spec:>12} L={n:>6}: prefill {pre * 1e3:9.1f} ms   decode {dec * 1e3:7.2f} ms/token   "
-                  f"cache {fmt_bytes(results[spec, n][2])}", flush=True)
+                  f"cache {fmt_value(results[spec, n][2], 'B')}", flush=True)
         del model
 
     print()
@@ -186,7 +179,7 @@ def main() -> None:
                                           for s in recipes))
     print(f"{'':>6} | " + " | ".join(f"{'cache bytes / sequence':>26}" for _ in recipes))
     for n in lengths:
-        print(f"{n:>6} | " + " | ".join(f"{fmt_bytes(results[s, n][2]):>26}" for s in recipes))
+        print(f"{n:>6} | " + " | ".join(f"{fmt_value(results[s, n][2], 'B'):>26}" for s in recipes))
 
     print("\nmeasured crossovers against sdpa:")
     for spec in recipes[1:]:

@@ -150,9 +150,9 @@ class Sequence:
     answers: list[tuple[int, int]]
 
 
-def follow_up_questions(rng: random.Random, sample: dict, rows: list[dict], columns: list[str],
-                        k: int) -> list[tuple[str, str]]:
-    """Up to k - 1 more questions about the same record text, each answerable from it."""
+def follow_up_questions(rng: random.Random, sample: dict, first: tuple[str, str], rows: list[dict],
+                        columns: list[str], k: int) -> list[tuple[str, str]]:
+    """Up to k - 1 more (question, answer) pairs about the same record, none equal to `first`."""
     spec = KIND_SPECS[sample["kind"]]
     key = spec["key"]
     if sample["task"] == "extract":
@@ -163,7 +163,7 @@ def follow_up_questions(rng: random.Random, sample: dict, rows: list[dict], colu
     else:
         pairs = [(f"How many {spec['unit']} have {c} {v}?", str(sum(r[c] == v for r in rows)))
                  for c in columns if c in spec["categorical"] for v in spec["categorical"][c]]
-    pairs = [p for p in pairs if p != (sample["question"], sample["answer"])]
+    pairs = [p for p in pairs if p != first]
     rng.shuffle(pairs)
     return pairs[:k - 1]
 
@@ -179,9 +179,9 @@ def multi_question_sample(seed: int, index: int, k: int) -> dict:
     record, question = sample["prompt"][:-len("\nA:")].rsplit("\nQ: ", 1)
     rows, columns = parse_record(record, sample["kind"], sample["format"])
     rng = random.Random(f"follow-up:{seed}:{index}")
-    return {**sample, "record": record, "question": question,
-            "qa": [(question, sample["answer"]),
-                   *follow_up_questions(rng, {**sample, "question": question}, rows, columns, k)]}
+    first = (question, sample["answer"])
+    return {**sample, "record": record,
+            "qa": [first, *follow_up_questions(rng, sample, first, rows, columns, k)]}
 
 
 def parse_record(record: str, kind: str, fmt: str) -> tuple[list[dict], list[str]]:
@@ -365,7 +365,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--answer-weight", type=float, default=5.0)
     parser.add_argument("--copy-steps", type=int, default=1000,
                         help="first steps train on repeated random token sequences only (induction "
-                             "heads form there: ~600-800 steps at 64 rows; mixed into task batches they "
+                             "heads form there: ~500-800 steps at 64 rows; mixed into task batches they "
                              "had not formed after 1,400 steps)")
     parser.add_argument("--copy-batch-size", type=int, default=64)
     parser.add_argument("--questions", type=int, default=6,
@@ -519,11 +519,11 @@ def main(argv: list[str] | None = None) -> None:
         step = progress.step - progress.first_step
         planned = progress.total_steps - progress.first_step
         lr = learning_rate(step, planned, args.lr, min(args.warmup_steps, max(10, planned // 10)))
-        n_copies = copy_rows(args.batch_size, args.copy_fraction, step, planned)
         if progress.step < args.copy_steps:
             sequences = [copy_sequence(args.seed, progress.step, row, vocabulary)
                          for row in range(args.copy_batch_size)]
         else:
+            n_copies = copy_rows(args.batch_size, args.copy_fraction, step, planned)
             samples = training_samples(args.seed, progress.step, args.batch_size - n_copies,
                                        args.questions)
             sequences = encode_sequences(tokenizer, samples)

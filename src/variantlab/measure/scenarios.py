@@ -119,7 +119,8 @@ class LengthSweep:
         progress = progress or _noop
         if not backend.capabilities.token_input:
             raise ValueError("this backend takes no token-id prompts; the length sweep needs exact lengths")
-        prompts = {n: prompt_of_length(backend, samples, n) for n in self.lengths}
+        longest = prompt_of_length(backend, samples, max(self.lengths))  # each shorter prompt is its start
+        prompts = {n: longest[:n] for n in self.lengths}
         for w in range(self.warmup):
             backend.generate_ids(f"warmup-{w}", prompts[self.lengths[0]], 2, stop=False)
         start = self.clock()

@@ -57,11 +57,10 @@ def run_measurement(spec: dict) -> dict:
 
     from ..backends.torch_backend import TorchBackend
     from ..environment import torch_fingerprint
-    from ..errors import UnsupportedOnHardware
     from ..models.loading import load_causal_lm, tokenizer_fingerprint
     from ..suite import SCENARIO_SPECS
+    from ..variants import registry  # noqa: F401  (the recipes load here, inside the timed import stage)
     from ..variants.artifact import load_artifact
-    from ..variants.registry import get_recipe, parse_options
     from .scenarios import scenario_from_spec
     t_imported = time.time()
 
@@ -73,11 +72,7 @@ def run_measurement(spec: dict) -> dict:
         model, tokenizer, facts = load_artifact(tokenizer_dir, device)
         facts = with_attention_facts(model, facts)
     else:
-        recipe = get_recipe(variant["recipe"])
-        options = parse_options(recipe, variant.get("options", {}))
-        reason = recipe.unsupported_reason(device)
-        if reason:
-            raise UnsupportedOnHardware(reason)
+        recipe, options = _recipe_for(variant, device)
         tokenizer_dir = Path(variant["model_path"])
         model, tokenizer = load_causal_lm(tokenizer_dir, recipe.load_dtype(options), device)
         facts = build_variant(model, recipe, options, variant, device)
@@ -102,7 +97,7 @@ def run_measurement(spec: dict) -> dict:
         done = lambda f, k=k: _progress(scenario.name, (k + f) / (len(specs) + 1))  # noqa: E731
         passes[scenario.name] = [p.to_json() for p in scenario.run(backend, samples, spec["max_new_tokens"], done)]
     memory = _peak_memory(device)  # before scoring: its full-vocabulary logits are not serving memory
-    stability = _attention_stability(model, facts, specs)
+    stability = _attention_stability(facts, specs)
 
     accuracy = None
     n_acc = min(spec["accuracy_samples"], len(samples))
@@ -144,7 +139,20 @@ def _setup(spec: dict) -> str:
     return device
 
 
-def _attention_stability(model, facts, scenario_specs: list[dict]) -> list[dict]:
+def _recipe_for(variant: dict, device: str):
+    """The variant's recipe and parsed options; UnsupportedOnHardware when the recipe cannot run on `device`."""
+    from ..errors import UnsupportedOnHardware
+    from ..variants.registry import get_recipe, parse_options
+
+    recipe = get_recipe(variant["recipe"])
+    options = parse_options(recipe, variant.get("options", {}))
+    reason = recipe.unsupported_reason(device)
+    if reason:
+        raise UnsupportedOnHardware(reason)
+    return recipe, options
+
+
+def _attention_stability(facts, scenario_specs: list[dict]) -> list[dict]:
     """Relative error of this variant's attention kernel against float64 at growing lengths, in its
     compute dtype (random q, k, v with the model's head shape); rows flagged over the threshold."""
     from ..variants.attention import parse_attention, parse_attention_options
@@ -154,17 +162,14 @@ def _attention_stability(model, facts, scenario_specs: list[dict]) -> list[dict]
     spec = attn.get("attention")
     spec = "sdpa" if spec in (None, "model's own") else spec
     options = {"linear_state_dtype": attn["linear_state_dtype"]} if attn.get("linear_state_dtype") else {}
-    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(attn.get("cache_dtype"),
-                                                                          attn.get("cache_dtype", "fp32"))
+    dtype = attn.get("cache_dtype", "fp32")  # already a short name (fp32, bf16, fp16)
     sweep = [n for s in scenario_specs if s["type"] == "length-sweep" for n in s.get("lengths", ())]
     lengths = sorted(set(sweep)) or [512, 2048]
     variant = StabilityVariant(spec, parse_attention(spec), parse_attention_options(options))
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     if dtype not in DTYPES:
         return []
-    return [r.to_json() for r in attention_stability([variant], lengths, (dtype,), heads=heads, head_dim=head_dim)]
+    return [r.to_json() for r in attention_stability([variant], lengths, (dtype,), heads=attn["heads"],
+                                                     head_dim=attn["head_dim"])]
 
 
 def compile_model(model, backend, samples: list[dict], facts):
@@ -231,18 +236,12 @@ def run_build(spec: dict) -> dict:
     import torch
 
     from ..environment import torch_fingerprint
-    from ..errors import UnsupportedOnHardware
     from ..models.loading import load_causal_lm
     from ..variants.artifact import save_artifact
-    from ..variants.registry import get_recipe, parse_options
 
     device = _setup(spec)
     variant = spec["variant"]
-    recipe = get_recipe(variant["recipe"])
-    options = parse_options(recipe, variant.get("options", {}))
-    reason = recipe.unsupported_reason(device)
-    if reason:
-        raise UnsupportedOnHardware(reason)
+    recipe, options = _recipe_for(variant, device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     model_path = Path(variant["model_path"])
     t0 = time.perf_counter()

@@ -121,12 +121,12 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
         raise RecipeError(f"cannot save a variant spread over devices {sorted(devices)}",
                           accepted="a model whose tensors are all on one device")
     device_type = devices.pop() if devices else "cpu"
-    tensors, aliases = _unique_tensors(state)
     modules = _module_states(model)
-    buffers = {name: str(b.dtype).removeprefix("torch.") for name, b in _non_persistent_buffers(model)}
     load_dtype = str(model.config.dtype).removeprefix("torch.")
     attn = getattr(model.config, "_attn_implementation", None)
-    _check_rebuildable(model, state, modules, load_dtype, attn, attention)
+    _check_rebuildable(model, state, modules, load_dtype, attn, attention)  # before copying any tensor
+    tensors, aliases = _unique_tensors(state)
+    buffers = {name: str(b.dtype).removeprefix("torch.") for name, b in _non_persistent_buffers(model)}
 
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -473,6 +473,5 @@ def _swap_modules(model, modules: dict[str, dict], state: dict) -> None:
         except (ValueError, AttributeError, TypeError) as e:
             raise ModelLoadError(f"artifact layer '{name}' cannot be rebuilt: {e}",
                                  accepted="an intact artifact (rebuild it)") from None
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, new)
+        model.set_submodule(name, new)
 

@@ -31,7 +31,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import RecipeError
-from . import attention_module
 
 ACCEPTED = "sdpa | gqa:<kv_heads> | linear | sliding:<window>"
 SUPPORTED_MODELS = "Llama, Mistral and Qwen2 checkpoints (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
@@ -95,6 +94,8 @@ def parse_attention_options(options, *, file: str | None = None, field: str | No
 
 def apply_attention(model, spec, options=None) -> dict:
     """Convert `model` in place to the attention `spec`; return facts about the result (JSON-ready)."""
+    from . import attention_module  # torch and transformers: kept out of the parent process that parses suites
+
     spec, options = parse_attention(spec), parse_attention_options(options)
     modules = _attention_modules(model, spec)
     notes: list[str] = []
@@ -114,6 +115,8 @@ def apply_attention(model, spec, options=None) -> dict:
 def _attention_modules(model, spec: AttentionSpec) -> list:
     """The decoder's attention modules; RecipeError when this model's cannot be converted."""
     from torch import nn
+
+    from . import attention_module
 
     found = [m for m in model.modules() if isinstance(m, nn.Module) and type(m).__name__.endswith("Attention")]
     done = [m for m in found if isinstance(m, attention_module.SwappedAttention)]

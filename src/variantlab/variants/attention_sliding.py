@@ -43,6 +43,9 @@ def _band(q_pos, k_pos, window, key_valid, lo, hi):
 def sliding_attention(q, k, v, window: int, scale: float, key_valid=None, block: int | None = None):
     """Outputs (B, H, T, Dv) of the queries at key positions N-T .. N-1."""
     t, n = q.shape[-2], k.shape[-2]
+    if t == 1 and key_valid is None:  # one decode step: the last `window` keys, every one allowed; no mask
+        lo = max(0, n - window)
+        return sdpa(q, k[:, :, lo:], v[:, :, lo:], None, scale)
     offset = n - t
     block = block or max(window, MIN_BLOCK)
     pos = torch.arange(n, device=q.device)
@@ -153,5 +156,6 @@ class RollingKVLayer(CacheLayerMixin):
         def cut(t, dim):
             if t is None:
                 return None
-            return torch.roll(t.narrow(dim, t.shape[dim] - keep, keep), shift, dims=dim).contiguous()
+            t = t.narrow(dim, t.shape[dim] - keep, keep)
+            return (torch.roll(t, shift, dims=dim) if shift else t).contiguous()  # roll copies even at 0
         self.keys, self.values, self.valid = cut(keys, -2), cut(values, -2), cut(valid, -1)

@@ -51,8 +51,8 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..errors import RecipeError, UnsupportedOnHardware
-from .quant import _check_group_size, _facts, _kernel_probe, _targets
+from ..errors import RecipeError
+from .quant import _check_group_size, _facts, _kernel_probe, _require_kernel, _targets
 from .recipe import VariantFacts, cast_parameters, weight_facts
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -128,7 +128,7 @@ class MixedRecipe:
         layers = dict(targets)
         build = lambda name, bits: _build(layers[name], bits, dtype, options)  # noqa: E731
         with torch.no_grad():
-            ref = _logprobs(model, batch)
+            ref = _logprobs(model, batch).cpu()  # compared on the host every pass: copy it once
             kld = lambda: _kld(ref, _logprobs(model, batch))  # noqa: E731
             sens, nbytes = _sensitivities(model, layers, build, kld, options.candidates)
             steps = order_steps(sens, nbytes, options.candidates)
@@ -137,7 +137,7 @@ class MixedRecipe:
 
             def put(name: str, bits: int) -> None:
                 plan[name] = bits
-                _swap(model, name, build(name, bits))
+                model.set_submodule(name, build(name, bits))
 
             for name in layers:
                 put(name, options.candidates[0])
@@ -156,11 +156,8 @@ class MixedRecipe:
         if options.dequant == "kernel":
             for bits in options.candidates:
                 if bits in _MODULES:
-                    reason = _kernel_probe(_MODULES[bits], device, options.compute_dtype,
-                                           options.group_size if bits == 4 else 0)
-                    if reason:
-                        raise UnsupportedOnHardware(f"{reason} (compute_dtype {options.compute_dtype}; "
-                                                    "dequant: python runs anywhere)")
+                    _require_kernel(_MODULES[bits], device, options.compute_dtype,
+                                    options.group_size if bits == 4 else 0)
 
     def _facts(self, model, options, parameters, kept, plan, sens, measured, search, batch, seconds):
         from . import quant_linear as ql
@@ -317,11 +314,6 @@ def _build(linear, bits: int, dtype, options: MixedOptions):
     return ql.Int4WeightOnly(linear, dtype, options.dequant, group_size=options.group_size)
 
 
-def _swap(model, name: str, module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
-
-
 def _state_bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
@@ -336,7 +328,7 @@ def _sensitivities(model, layers, build, kld, candidates):
                 continue
             q = build(name, bits)
             nbytes[name][bits] = _state_bytes(q)
-            _swap(model, name, q)
+            model.set_submodule(name, q)
             sens[name][bits] = kld()
-        _swap(model, name, linear)
+        model.set_submodule(name, linear)
     return sens, nbytes

@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 
 from ..errors import RecipeError, UnsupportedOnHardware
 from .recipe import VariantFacts, cast_parameters, weight_facts
@@ -83,10 +83,7 @@ class QuantRecipe:
         if device.startswith("cuda") and self.activations == "int8":
             _check_int_mm_shapes(targets, self.name)
         if options.dequant == "kernel":
-            reason = _kernel_probe(self.module, device, options.compute_dtype, group.get("group_size", 0))
-            if reason:
-                raise UnsupportedOnHardware(f"{reason} (compute_dtype {options.compute_dtype}; "
-                                            "dequant: python runs anywhere)")
+            _require_kernel(self.module, device, options.compute_dtype, group.get("group_size", 0))
         parameters = weight_facts(model)[0]  # logical weights, before packing
         tied_head = _tied_head_quantized(model, targets)
         cls = getattr(ql, self.module)
@@ -94,9 +91,8 @@ class QuantRecipe:
         targets.reverse()
         while targets:  # pop each layer as it is swapped, so that its unquantized weight can be freed at once
             name, linear = targets.pop()
-            parent, _, child = name.rpartition(".")
             new = cls(linear, dtype, options.dequant, **group)
-            setattr(model.get_submodule(parent) if parent else model, child, new)
+            model.set_submodule(name, new)
             swapped.append(new)
         del linear
         if options.quantize_embeddings:
@@ -207,6 +203,13 @@ def _facts(recipe: QuantRecipe, model, options, parameters: int, swapped, kept, 
     return VariantFacts(recipe=recipe.name, dtype=options.compute_dtype, parameters=parameters, weight_bytes=nbytes,
                         bits_per_weight=8 * nbytes / max(parameters, 1), kernels=tuple(kernels),
                         notes=tuple(notes), extra=extra)
+
+
+def _require_kernel(module: str, device: str, compute_dtype: str, group_size: int) -> None:
+    """Raise UnsupportedOnHardware when `module`'s kernel cannot run here (the probe says why)."""
+    reason = _kernel_probe(module, device, compute_dtype, group_size)
+    if reason:
+        raise UnsupportedOnHardware(f"{reason} (compute_dtype {compute_dtype}; dequant: python runs anywhere)")
 
 
 @functools.lru_cache(maxsize=None)
