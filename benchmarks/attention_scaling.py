@@ -5,7 +5,7 @@ claim about crossovers; this script measures them. One model (a random-weight Ll
 config by default, or --model DIR), one attention recipe at a time (variants/attention.py, applied to
 a fresh copy), and at each length L:
 
-- prefill: one forward of L tokens into a fresh DynamicCache, as backends/torch_backend.py runs it
+- prefill: one forward of L tokens into a fresh DynamicCache, as backends/torch_engine.py runs it
   (median of --repeats; the first call per recipe is a warm-up);
 - decode: --decode-tokens single-token forwards after that prefill, median per token;
 - KV-cache (or linear state) bytes one sequence holds at L, from the recipe's facts.

@@ -7,10 +7,16 @@ the relative error of its output against the same kernel in float64 at growing l
 named as such, a linear attention whose state or normaliser overflowed while its output stayed finite (outputs
 silently become 0) is marked '∞', and an
 error above --threshold is flagged. The computation is the package's pure
-function variants.attention_stability.attention_stability; see its docstring for the method.
+function variants.attention_stability.attention_stability (a kernel study: the package's kernels,
+no model); see its docstring for the method.
+
+--model also prints what each variant's measured row reports: model_attention_error on that model
+converted to each attention kind and cast to each dtype — the attention path the built model really
+runs (its own module and attention function, projections isolated), not the kernels above.
 
     python benchmarks/attention_stability.py [--quick] [--lengths 128,512,1024,2048,4096,8192]
         [--dtypes fp32,bf16,fp16] [--heads 4] [--head-dim 64] [--window 512] [--threshold 1e-2]
+        [--model builtin:tiny-structured]
 
 --quick: lengths 128, 512, 1024, 2048 and 2 heads. Errors depend on the random inputs (unit normal,
 fixed seed) and on the kernels torch picks on this machine; nothing here is asserted.
@@ -22,7 +28,7 @@ import math
 
 import torch
 
-from variantlab.variants.attention_stability import attention_stability, default_variants
+from variantlab.variants.attention_stability import attention_stability, default_variants, model_attention_error
 
 
 def cell(row) -> str:
@@ -31,6 +37,31 @@ def cell(row) -> str:
     if row.status == "overflow":
         return f"{row.rel_error:7.1e} ∞!"
     return f"{row.rel_error:9.1e}" + (" !" if row.status == "flagged" else "  ")
+
+
+def model_rows(spec: str, lengths, dtypes, window: int, threshold: float) -> None:
+    """model_attention_error of the model converted to each attention kind, in each dtype."""
+    import copy
+
+    from variantlab.models.loading import load_causal_lm, resolve_model_path
+    from variantlab.variants.attention import apply_attention
+    from variantlab.variants.recipe import cast_parameters
+
+    model = load_causal_lm(resolve_model_path(spec), torch.float32, "cpu")[0].eval()
+    kv = max(1, model.config.num_key_value_heads // 2)
+    kinds = [("sdpa", {}), (f"gqa:{kv}", {}), (f"sliding:{window}", {}), ("linear", {}),
+             ("linear", {"linear_state_dtype": "model"})]
+    dts = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    print(f"\n{spec}: the model's own attention path (first layer, projections isolated) against float64")
+    for dtype in dtypes:
+        print(f"\n{dtype:>30} | " + " | ".join(f"{n:>11}" for n in lengths))
+        for attn, options in kinds:
+            m = copy.deepcopy(model)
+            apply_attention(m, attn, options)
+            cast_parameters(m, dts[dtype])
+            rows = model_attention_error(m, lengths, threshold=threshold)
+            name = attn + (" (state in model dtype)" if options else " (state fp32)" if attn == "linear" else "")
+            print(f"{name:>30} | " + " | ".join(f"{cell(r):>11}" for r in rows))
 
 
 def main() -> None:
@@ -43,6 +74,7 @@ def main() -> None:
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--threshold", type=float, default=1e-2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", help="also measure this model's own attention path: builtin:NAME or a directory")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     lengths = a.lengths or ([128, 512, 1024, 2048] if a.quick else [128, 512, 1024, 2048, 4096, 8192])
@@ -73,6 +105,8 @@ def main() -> None:
     if "fp32" in a.dtypes:
         worst = max((r.rel_error for r in rows if r.dtype == "fp32" and not math.isnan(r.rel_error)), default=math.nan)
         print(f"largest fp32 error of any variant: {worst:.1e}")
+    if a.model:
+        model_rows(a.model, lengths, a.dtypes, a.window, a.threshold)
 
 
 if __name__ == "__main__":

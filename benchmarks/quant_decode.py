@@ -2,8 +2,9 @@
 
 The model is built from a config (no checkpoint needed): hidden 768, 16 layers, 12 heads,
 intermediate 2048, vocabulary 1024 (the shipped tokenizer's) — 113M parameters. For each recipe
-a fresh copy is built with the same seed, converted, and decoded greedily through the backend's
-KV-cached loop, stop tokens off, --tokens tokens per prompt. Prints tokens/s (1 / median TPOT),
+a fresh copy is built with the same seed, converted, and decoded greedily through the engine's
+KV-cached loop (backends/torch_engine.py, one request at a time, as single-stream runs it), with no
+stop rules (EOS off, no stop strings), --tokens tokens per prompt. Prints tokens/s (1 / median TPOT),
 the ratio to fp32, and the bytes of weights each token reads (GB/s achieved beside tokens/s).
 
     python benchmarks/quant_decode.py [--tokens 32] [--prompts 3] [--recipes fp32,bf16,int8,int4,w8a8,w4a8]
@@ -20,7 +21,8 @@ import time
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from variantlab.backends.torch_backend import TorchBackend
+from variantlab.backends.base import GenerationRequest, run_requests
+from variantlab.backends.torch_engine import TorchEngine
 from variantlab.data.structured import generate_samples
 from variantlab.measure.metrics import tpot
 from variantlab.models.loading import BUILTIN_MODELS
@@ -41,6 +43,11 @@ def build(recipe_name: str, options: dict):
     return model, facts, time.perf_counter() - t0
 
 
+def request(request_id: str, prompt: str, tokens: int) -> GenerationRequest:
+    """Exactly `tokens` tokens: no stop rules (random weights may emit EOS or a newline)."""
+    return GenerationRequest(request_id, prompt=prompt, max_new_tokens=tokens, stop_on_eos=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=32)
@@ -55,13 +62,13 @@ def main() -> None:
     rows = []
     for name in args.recipes.split(","):
         model, facts, build_s = build(name, {})
-        backend = TorchBackend(model, tok, "cpu", "bench")
-        backend.stop_ids = frozenset()
-        backend.generate("warm", prompts[0]["prompt"], 4)
-        records = [backend.generate(str(i), s["prompt"], args.tokens) for i, s in enumerate(prompts)]
+        engine = TorchEngine(model, tok, "cpu", "bench")
+        run_requests(engine, [request("warm", prompts[0]["prompt"], 4)])
+        records = [rec for i, s in enumerate(prompts)
+                   for rec in run_requests(engine, [request(str(i), s["prompt"], args.tokens)])]
         per_token = statistics.median(tpot(records))
         rows.append((name, facts, per_token, build_s, facts.kernels))
-        del model, backend
+        del model, engine
         gc.collect()
     params = rows[0][1].parameters
     print(f"Llama {params / 1e6:.0f}M parameters, {torch.get_num_threads()} threads, "

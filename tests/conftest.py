@@ -8,11 +8,16 @@ the (slow to train) reference weights.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 import variantlab
+
+# One thread for the models tests run in this process: on 2 shared cores, two OpenMP threads made
+# tiny-model tests about ten times slower under load. Suites measured in worker processes set their own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SHIPPED_MODEL_DIR = Path(variantlab.__file__).parent / "models" / "tiny_structured"
 TOKENIZER_TEXTS = [

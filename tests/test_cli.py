@@ -164,7 +164,7 @@ def test_show_an_unknown_run_lists_the_known_ones(tmp_path):
     from variantlab.store import Store
 
     with Store(tmp_path / "s.sqlite") as store:
-        store.create_run("20250101-120000-abcd", {"name": "demo"}, None, {}, None)
+        store.create_run("20250101-120000-abcd", {"name": "demo"}, None, {}, {}, None)
     line = assert_one_line_error(run_cli("show", "zzz", "--store", "s.sqlite", cwd=tmp_path), "s.sqlite", "zzz")
     assert "20250101-120000-abcd" in line
 
@@ -173,7 +173,7 @@ def test_runs_lists_a_stored_run(tmp_path):
     from variantlab.store import Store
 
     with Store(tmp_path / "s.sqlite") as store:
-        store.create_run("20250101-120000-abcd", {"name": "demo"}, None, {}, None)
+        store.create_run("20250101-120000-abcd", {"name": "demo"}, None, {}, {}, None)
     proc = run_cli("runs", "--store", "s.sqlite", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "20250101-120000-abcd" in proc.stdout and "demo" in proc.stdout

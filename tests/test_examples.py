@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from variantlab.measure.runner import plan_suite_file
+from variantlab.measure.plan import plan_suite_file
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 
@@ -19,7 +19,7 @@ def test_example_suite_plans(path):
 
 def test_standard_vs_flash_maps_the_analysis_vocabulary():
     plan = plan_suite_file(Path(__file__).resolve().parents[1] / "examples" / "standard-vs-flash.yaml")
-    by_name = {v.name: v for v in plan.variants}
+    by_name = {v.name: v.definition for v in plan.variants}
     assert (by_name["standard"].recipe, by_name["standard"].attention) == ("int8", "gqa:2")
     assert by_name["standard"].options == {"compute_dtype": "fp16"}
     assert (by_name["flash"].recipe, by_name["flash"].attention) == ("w4a8", "linear")

@@ -7,8 +7,9 @@ import textwrap
 import pytest
 
 from variantlab.errors import SuiteError
-from variantlab.suite import (OfflineSpec, SingleStreamSpec, Suite, load_suite, parse_suite,
-                              suite_json_schema)
+from variantlab.measure.scenarios.offline import OfflineSpec
+from variantlab.measure.scenarios.single_stream import SingleStreamSpec
+from variantlab.suite import DEFAULT_ROUNDS, Suite, load_suite, parse_suite, suite_json_schema
 
 MINIMAL = """\
 model: builtin:tiny-structured
@@ -52,6 +53,9 @@ def test_minimal_suite_fills_in_defaults(tmp_path):
     assert (w.scenarios[1].batch_size, w.scenarios[1].passes, w.scenarios[1].warmup) == (16, 3, 1)
     assert suite.output.dir == "runs" and suite.output.store is None
     assert suite.requirements.slo.ttft_s is None
+    assert (suite.rounds, suite.order) == (DEFAULT_ROUNDS, "rotate")
+    assert w.stop == ["\n"] and (w.accuracy.graded, w.accuracy.batch_size) == (None, 16)
+    assert suite.calibration is None
 
 
 def test_full_suite_keeps_every_value(tmp_path):
@@ -75,6 +79,9 @@ def test_full_suite_keeps_every_value(tmp_path):
         threads: 2
         seed: 7
         timeout_s: 60
+        rounds: 3
+        order: random
+        calibration: {generator: structured, n: 16, seed: 9}
         """))
     assert suite.name == "full" and suite.baseline_name == "b"
     assert [(v.name, v.recipe, v.model) for v in suite.variants] == [("a", "bf16", None), ("b", "fp32", "./other")]
@@ -85,6 +92,7 @@ def test_full_suite_keeps_every_value(tmp_path):
     assert suite.requirements.max_kld == 0.1 and suite.requirements.slo.ttft_s == 0.5
     assert (suite.device, suite.threads, suite.seed, suite.timeout_s) == ("cpu", 2, 7, 60)
     assert (suite.output.dir, suite.output.store) == ("out", "s.sqlite")
+    assert (suite.rounds, suite.order, suite.calibration.n, suite.calibration.seed) == (3, "random", 16, 9)
 
 
 def test_suite_is_frozen(tmp_path):
@@ -187,6 +195,8 @@ def test_wrong_type(tmp_path):
     ("workload: {scenarios: [{type: offline, batch_size: -1}]}\n", "workload.scenarios[0].batch_size"),
     ("timeout_s: 0\n", "timeout_s"),
     ("workload: {scenarios: []}\n", "workload.scenarios"),
+    ("rounds: 0\n", "rounds"),
+    ("workload: {stop: ['']}\n", "workload.stop"),
 ])
 def test_out_of_range_values_name_their_field(tmp_path, extra, field):
     err = suite_error(write(tmp_path, MINIMAL + extra))
@@ -224,6 +234,23 @@ def test_unknown_or_missing_scenario_type(tmp_path, scenario):
     err = suite_error(write(tmp_path, MINIMAL + f"workload: {{scenarios: [{{type: offline}}, {scenario}]}}\n"))
     assert err.field == "workload.scenarios[1]"
     assert "single-stream" in err.accepted and "offline" in err.accepted
+
+
+def test_two_scenarios_of_one_type_need_names(tmp_path):
+    err = suite_error(write(tmp_path, MINIMAL + "workload: {scenarios: [{type: offline}, {type: offline}]}\n"))
+    assert err.field == "workload.scenarios[1].name" and "two scenarios are named 'offline'" in str(err)
+    named = "workload: {scenarios: [{type: offline, batch_size: 1}, {type: offline, name: batched}]}\n"
+    assert [s.name for s in load_suite(write(tmp_path, MINIMAL + named)).workload.scenarios] == [None, "batched"]
+
+
+def test_a_scenario_may_not_take_a_trackers_name(tmp_path):
+    err = suite_error(write(tmp_path, MINIMAL + "workload: {scenarios: [{type: offline, name: memory}]}\n"))
+    assert "reserved" in str(err)
+
+
+def test_order_lists_what_it_accepts(tmp_path):
+    err = suite_error(write(tmp_path, MINIMAL + "order: shuffled\n"))
+    assert err.field == "order" and err.accepted == "rotate | random"
 
 
 def test_duplicate_variant_names_name_the_repeated_variant(tmp_path):

@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import VariantlabError
 
@@ -37,53 +38,93 @@ def _fail(e: VariantlabError) -> None:
     raise typer.Exit(2)
 
 
+def _print_comparison(comparison, title: str, all_rows: bool) -> None:
+    from .report.format import status_lines, visible_rows
+    from .report.table import comparison_tables, note_lines
+
+    for table in comparison_tables(comparison, title=title, all_rows=all_rows):
+        console.print(table)
+    for line in note_lines(comparison, all_rows):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    rows = visible_rows(comparison, headline_only=not all_rows)
+    for line in status_lines(comparison, rows, full=all_rows):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    if not all_rows:
+        console.print("(headline rows; --all prints every row, report.md has intervals)", style="dim",
+                      highlight=False)
+
+
+def _progress_events(progress, task):
+    """runner.Events that drive a rich progress bar: one step per job (build or measurement)."""
+    from .measure.runner import Events
+    state = {"done": 0}
+
+    def on_start(total: int) -> None:
+        progress.update(task, total=total)
+
+    def on_progress(label: str, stage: str, fraction: float) -> None:
+        progress.update(task, completed=state["done"] + min(fraction, 0.99), description=f"{label}: {stage}")
+
+    def on_done(label: str, record) -> None:
+        state["done"] += 1
+        progress.update(task, completed=state["done"], description=f"{label}: {record.status}")
+        if record.status != "ok":
+            progress.console.print(f"[yellow]{escape(label)} {record.status}:[/] {escape(record.reason or '')}",
+                                   highlight=False)
+
+    return Events(on_start=on_start, on_job=lambda label: progress.update(task, description=label),
+                  on_progress=on_progress, on_done=on_done)
+
+
+def _terminate_as_interrupt() -> None:
+    """SIGTERM ends a run the way Ctrl-C does: its worker ended, the run marked interrupted."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
 @app.command()
 def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
           store: Optional[Path] = typer.Option(None, help="results store (SQLite); default ./variantlab.sqlite"),
           output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for run outputs (default: suite output.dir)"),
           artifacts: Optional[Path] = typer.Option(None, "--artifacts", help="reuse the matching artifacts of "
                                                    "`variantlab build --out DIR` (others are built in the run folder)"),
+          rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="fresh processes per variant, order "
+                                               "rotated every round (default: the suite's rounds)"),
+          all_rows: bool = typer.Option(False, "--all", help="print every row, not only the headline figures"),
           as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of a table")) -> None:
-    """Measure every variant of SUITE, each in a fresh process, and print the comparison."""
+    """Measure every variant of SUITE in interleaved rounds of fresh processes, and print the comparison."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .measure.runner import check_artifacts_dir, plan_suite_file, run_plan
-    from .report.format import status_lines
-    from .report.table import comparison_table
+    from .measure.plan import plan_suite_file
+    from .measure.runner import RunInterrupted, check_artifacts_dir, run_plan
 
+    _terminate_as_interrupt()
     try:
         plan = plan_suite_file(suite)
+        if rounds:
+            plan = plan.with_rounds(rounds)
         check_artifacts_dir(artifacts)
-        n_variants = len(plan.variants)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err_console,
                       disable=as_json, transient=False) as progress:
-            task = progress.add_task("variants", total=n_variants)
-            state = {"done": 0}
-
-            def on_progress(name: str, stage: str, fraction: float) -> None:
-                progress.update(task, completed=state["done"] + fraction, description=f"{name}: {stage}")
-
-            def on_done(name: str, result: dict) -> None:
-                state["done"] += 1
-                progress.update(task, completed=state["done"], description=f"{name}: {result.get('status')}")
-                if result.get("status") != "ok":
-                    progress.console.print(f"[yellow]{name} {result.get('status')}:[/] {result.get('reason')}",
-                                           highlight=False)
-
-            t0 = time.perf_counter()
+            task = progress.add_task("planning", total=None)
             result = run_plan(plan, store_path=store, output_dir=output, artifacts_dir=artifacts,
-                              on_progress=on_progress, on_variant_done=on_done)
+                              events=_progress_events(progress, task))
     except VariantlabError as e:
         _fail(e)
+    except RunInterrupted as e:
+        err_console.print(f"interrupted: run {e.run_id} kept {e.kept} finished records in {e.store_path}; "
+                          f"`variantlab show {e.run_id}` shows what was measured", highlight=False)
+        raise typer.Exit(130)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
         return
-    console.print(comparison_table(result.comparison, title=f"{result.suite_name} — run {result.run_id}"))
-    for line in status_lines(result.comparison):
-        console.print(line, highlight=False)
+    _print_comparison(result.comparison, f"{result.suite_name} — run {result.run_id}", all_rows)
     console.print(f"wrote {result.output_dir}/report.md, results.json, results.csv; "
-                  f"stored run {result.run_id} in {result.store_path} ({time.perf_counter() - t0:.1f} s)",
+                  f"stored run {result.run_id} in {result.store_path} ({result.wall_s:.1f} s)",
                   highlight=False)
 
 
@@ -94,7 +135,8 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     """Build every variant of SUITE, each in a fresh process, and save it as an artifact (safetensors + JSON)."""
     from rich.table import Table
 
-    from .measure.runner import default_artifacts_dir, plan_suite_file, run_build
+    from .measure.plan import plan_suite_file
+    from .measure.runner import Events, default_artifacts_dir, run_build
     from .report.format import fmt_value
 
     try:
@@ -102,21 +144,22 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
         out_dir = out if out is not None else default_artifacts_dir(plan)
         t0 = time.perf_counter()
         with err_console.status("building") as status:
-            results = run_build(plan, out_dir, on_variant_start=lambda name: status.update(f"building {name}"))
+            results = run_build(plan, out_dir, events=Events(on_job=lambda label: status.update(label)))
     except VariantlabError as e:
         _fail(e)
     t = Table("variant", "recipe", "bits per weight", "size on disk", "build time", "status",
               title=f"{plan.suite.name} — artifacts in {out_dir}")
     for v in plan.variants:
         r = results[v.name]
-        ok = r.get("status") == "ok"
-        bits = (r.get("facts") or {}).get("bits_per_weight")
-        t.add_row(v.name, v.recipe, fmt_value(bits, "bits") if ok else "—",
-                  fmt_value(r.get("bytes_on_disk"), "B") if ok else "—",
-                  fmt_value(r.get("build_s"), "s") if ok else "—",
-                  "ok" if ok else f"{r.get('status')}: {r.get('reason')}")
+        ok = r.status == "ok"
+        facts = r.facts or {}
+        bits = 8 * r.bytes_on_disk / facts["parameters"] if ok and facts.get("parameters") else None
+        t.add_row(v.name, v.definition.recipe, fmt_value(bits, "bits") if ok else "—",
+                  fmt_value(r.bytes_on_disk, "B") if ok else "—",
+                  fmt_value(r.timings.get("build_s"), "s") if ok else "—",
+                  "ok" if ok else f"{r.status}: {r.reason}")
     console.print(t)
-    built = sum(r.get("status") == "ok" for r in results.values())
+    built = sum(r.status == "ok" for r in results.values())
     console.print(f"built {built} of {len(results)} variants into {out_dir} ({time.perf_counter() - t0:.1f} s)",
                   highlight=False)
     if not built:
@@ -162,28 +205,20 @@ def runs(store: Path = typer.Option(Path("variantlab.sqlite"), help="results sto
 @app.command()
 def show(run: str = typer.Argument(..., help="run id (or a unique prefix)"),
          store: Path = typer.Option(Path("variantlab.sqlite"), help="results store (SQLite)"),
-         markdown: bool = typer.Option(False, "--markdown", help="print the Markdown table")) -> None:
-    """Reprint a stored run's comparison table."""
-    from .measure.analysis import Comparison, compare_variants
-    from .report.format import status_lines
+         all_rows: bool = typer.Option(False, "--all", help="print every row, not only the headline figures"),
+         markdown: bool = typer.Option(False, "--markdown", help="print the Markdown table (every row)")) -> None:
+    """Reprint a stored run's comparison (an interrupted or running run: what it measured so far)."""
+    from .measure.runner import stored_comparison
     from .report.markdown import comparison_markdown
-    from .report.table import comparison_table
     try:
         with _open_store(store) as s:
-            row = s.run(run)
-            if row.comparison:
-                comparison = Comparison.from_json(row.comparison)
-            else:  # an unfinished run: compare what was measured
-                base = row.suite.get("baseline") or row.suite["variants"][0]["name"]
-                comparison = compare_variants(s.measurements(row.run_id), base)
+            comparison, row = stored_comparison(s, run)
     except VariantlabError as e:
         _fail(e)
     if markdown:
         print(comparison_markdown(comparison))
-    else:
-        console.print(comparison_table(comparison, title=f"{row.suite_name} — run {row.run_id} ({row.status})"))
-    for line in status_lines(comparison):
-        console.print(line, highlight=False)
+        return
+    _print_comparison(comparison, f"{row.suite_name} — run {row.run_id} ({row.status})", all_rows)
 
 
 @dataset_app.command("make")

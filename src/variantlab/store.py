@@ -1,8 +1,11 @@
-"""The results store: one SQLite file; a row per run and a row per measurement.
+"""The results store: one SQLite file (WAL mode); a row per run, per record, per blob.
 
-A measurement row is written (and committed) as soon as its variant finishes, so an interrupted
-run keeps everything already measured; the run row gets its comparison when the run ends.
-Default path: ./variantlab.sqlite (suite `output.store` or `--store` override it).
+Every record a worker returns — a variant's build, or one measurement (variant × round) — is
+committed in its own transaction the moment it arrives, so an interrupted or crashed run keeps
+everything already measured. Blobs (teacher-forced log-probs) are content-addressed (sha256). A run
+row carries the suite, the plan and the environment, a status (running | done | interrupted) and,
+once analysed, its comparison. Default path: ./variantlab.sqlite (suite `output.store` or
+`--store` override it).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pathlib import Path
 from .errors import StoreError
 
 DEFAULT_STORE = "variantlab.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -25,23 +28,29 @@ CREATE TABLE IF NOT EXISTS runs (
     suite_name TEXT NOT NULL,
     suite_path TEXT,
     suite_json TEXT NOT NULL,
+    plan_json TEXT NOT NULL,
     environment_json TEXT NOT NULL,
     output_dir TEXT,
-    status TEXT NOT NULL,           -- running | done
+    status TEXT NOT NULL,           -- running | done | interrupted
     comparison_json TEXT,
     finished TEXT
 );
-CREATE TABLE IF NOT EXISTS measurements (
+CREATE TABLE IF NOT EXISTS records (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     variant TEXT NOT NULL,
+    kind TEXT NOT NULL,             -- build | measure
+    round INTEGER NOT NULL,         -- 0 for a build
     status TEXT NOT NULL,           -- ok | failed | unsupported
     reason TEXT,
-    result_json TEXT NOT NULL,
+    record_json TEXT NOT NULL,
     created TEXT NOT NULL,
-    UNIQUE (run_id, variant)
+    UNIQUE (run_id, variant, kind, round)
 );
+CREATE TABLE IF NOT EXISTS blobs (sha256 TEXT PRIMARY KEY, data BLOB NOT NULL);
 """
+
+RUNNING, DONE, INTERRUPTED = "running", "done", "interrupted"
 
 
 def _now() -> str:
@@ -56,8 +65,9 @@ class RunRow:
     suite_path: str | None
     status: str
     output_dir: str | None
-    variants: tuple[tuple[str, str], ...]   # (name, status)
+    variants: tuple[tuple[str, str], ...]   # (name, status of its measurements: ok if any round was)
     suite: dict
+    plan: dict
     environment: dict
     comparison: dict | None
 
@@ -67,13 +77,28 @@ class Store:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path)
+            self._db = sqlite3.connect(self.path, timeout=30)
+            version = self._schema_version()
+            if version is not None and version != SCHEMA_VERSION:
+                self._db.close()
+                raise StoreError(f"this results store has schema {version}; this variantlab writes schema "
+                                 f"{SCHEMA_VERSION}", file=str(self.path),
+                                 accepted="a store written by this version (move the old file away or pass "
+                                          "--store NEW.sqlite)")
+            self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             self._db.commit()
         except (sqlite3.DatabaseError, OSError) as e:
             raise StoreError(f"cannot open results store: {e}", file=str(self.path),
                              accepted="a writable SQLite file path (--store PATH)") from None
+
+    def _schema_version(self) -> int | None:
+        has_meta = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+        if not has_meta:
+            return None
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0]) if row else None
 
     def close(self) -> None:
         self._db.close()
@@ -84,32 +109,53 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def create_run(self, run_id: str, suite: dict, suite_path: str | None, environment: dict,
+    # ---------------------------------------------------------------- writing
+
+    def create_run(self, run_id: str, suite: dict, suite_path: str | None, plan: dict, environment: dict,
                    output_dir: str | None) -> None:
         with self._db:
             self._db.execute(
-                "INSERT INTO runs (run_id, created, suite_name, suite_path, suite_json, environment_json, output_dir,"
-                " status) VALUES (?, ?, ?, ?, ?, ?, ?, 'running')",
-                (run_id, _now(), suite.get("name", "suite"), suite_path, json.dumps(suite), json.dumps(environment),
-                 output_dir))
+                "INSERT INTO runs (run_id, created, suite_name, suite_path, suite_json, plan_json, environment_json,"
+                " output_dir, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, _now(), suite.get("name", "suite"), suite_path, json.dumps(suite), json.dumps(plan),
+                 json.dumps(environment), output_dir, RUNNING))
 
-    def put_measurement(self, run_id: str, variant: str, result: dict) -> None:
-        """Insert or replace one variant's result; committed at once."""
+    def put_record(self, run_id: str, record, blobs: dict[str, bytes] | None = None) -> None:
+        """Insert or replace one build or measurement record (and its blobs) in one transaction."""
+        rnd = getattr(record, "round", 0)
         with self._db:
+            for sha, data in (blobs or {}).items():
+                self._db.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?)", (sha, data))
             self._db.execute(
-                "INSERT INTO measurements (run_id, variant, status, reason, result_json, created)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(run_id, variant) DO UPDATE SET"
-                " status=excluded.status, reason=excluded.reason, result_json=excluded.result_json",
-                (run_id, variant, result.get("status", "failed"), result.get("reason"), json.dumps(result), _now()))
+                "INSERT INTO records (run_id, variant, kind, round, status, reason, record_json, created)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id, variant, kind, round) DO UPDATE SET"
+                " status=excluded.status, reason=excluded.reason, record_json=excluded.record_json",
+                (run_id, record.variant, record.kind, rnd, record.status, record.reason,
+                 record.model_dump_json(), _now()))
 
-    def finish_run(self, run_id: str, comparison: dict) -> None:
+    def finish_run(self, run_id: str, comparison: dict | None, status: str = DONE) -> None:
         with self._db:
-            self._db.execute("UPDATE runs SET status='done', comparison_json=?, finished=? WHERE run_id=?",
-                             (json.dumps(comparison), _now(), run_id))
+            self._db.execute("UPDATE runs SET status=?, comparison_json=?, finished=? WHERE run_id=?",
+                             (status, json.dumps(comparison) if comparison is not None else None, _now(), run_id))
 
-    def measurements(self, run_id: str) -> dict[str, dict]:
-        cur = self._db.execute("SELECT variant, result_json FROM measurements WHERE run_id=? ORDER BY id", (run_id,))
-        return {v: json.loads(r) for v, r in cur}
+    # ---------------------------------------------------------------- reading
+
+    def records(self, run_id: str, kind: str | None = None) -> list:
+        """The run's records (wire.BuildRecord / MeasurementRecord), in the order they arrived."""
+        from .measure.wire import BuildRecord, MeasurementRecord
+        sql = "SELECT kind, record_json FROM records WHERE run_id=?" + (" AND kind=?" if kind else "") + " ORDER BY id"
+        rows = self._db.execute(sql, (run_id, kind) if kind else (run_id,)).fetchall()
+        try:
+            return [(BuildRecord if k == "build" else MeasurementRecord).model_validate_json(j) for k, j in rows]
+        except ValueError as e:   # pydantic's ValidationError: written by another version of variantlab
+            raise StoreError(f"run {run_id} holds a record this variantlab cannot read ({str(e).splitlines()[0]})",
+                             file=str(self.path), accepted="a run written by this version") from None
+
+    def blob(self, sha: str) -> bytes:
+        row = self._db.execute("SELECT data FROM blobs WHERE sha256=?", (sha,)).fetchone()
+        if row is None:
+            raise StoreError(f"blob {sha[:12]} is not in the store", file=str(self.path))
+        return bytes(row[0])
 
     def runs(self, limit: int = 50) -> list[RunRow]:
         cur = self._db.execute("SELECT run_id FROM runs ORDER BY created DESC, rowid DESC LIMIT ?", (limit,))
@@ -117,16 +163,21 @@ class Store:
 
     def run(self, run_id: str) -> RunRow:
         row = self._db.execute(
-            "SELECT run_id, created, suite_name, suite_path, status, output_dir, suite_json, environment_json,"
-            " comparison_json FROM runs WHERE run_id=? OR run_id LIKE ? ORDER BY created DESC",
-            (run_id, run_id + "%")).fetchall()
+            "SELECT run_id, created, suite_name, suite_path, status, output_dir, suite_json, plan_json,"
+            " environment_json, comparison_json FROM runs WHERE substr(run_id, 1, length(?)) = ? ORDER BY created DESC",
+            (run_id, run_id)).fetchall()
+        exact = [r for r in row if r[0] == run_id]
+        row = exact or row
         if len(row) != 1:
             known = [r for (r,) in self._db.execute("SELECT run_id FROM runs ORDER BY created DESC LIMIT 5")]
             why = f"no run matches '{run_id}'" if not row else f"{len(row)} runs match '{run_id}'"
             raise StoreError(why, file=str(self.path), field="RUN",
                              accepted=", ".join(known) or "none stored yet; run `variantlab bench` first")
-        rid, created, name, spath, status, odir, sj, ej, cj = row[0]
-        variants = tuple(self._db.execute("SELECT variant, status FROM measurements WHERE run_id=? ORDER BY id",
-                                          (rid,)).fetchall())
-        return RunRow(rid, created, name, spath, status, odir, variants, json.loads(sj), json.loads(ej),
-                      json.loads(cj) if cj else None)
+        rid, created, name, spath, status, odir, sj, pj, ej, cj = row[0]
+        # a variant's status: ok when some round measured it, else its build's or its rounds' failure
+        variants = tuple(self._db.execute(
+            "SELECT variant, CASE WHEN SUM(kind='measure' AND status='ok') > 0 THEN 'ok'"
+            " WHEN SUM(status != 'ok') > 0 THEN MIN(CASE WHEN status != 'ok' THEN status END) ELSE 'pending' END"
+            " FROM records WHERE run_id=? GROUP BY variant ORDER BY MIN(id)", (rid,)).fetchall())
+        return RunRow(rid, created, name, spath, status, odir, variants, json.loads(sj), json.loads(pj),
+                      json.loads(ej), json.loads(cj) if cj else None)

@@ -16,6 +16,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SuiteError
+from .measure.scenarios import SCENARIO_SPECS
+
+
+DEFAULT_ROUNDS = 5
+RESERVED_NAMES = ("cold_start", "memory", "facts", "stability", "grading", "scoring")
 
 
 class _Frozen(BaseModel):
@@ -38,59 +43,37 @@ class DatasetSpec(_Frozen):
         return self
 
 
-class SingleStreamSpec(_Frozen):
-    """One request at a time: per-request latency (E2EL, TTFT, TPOT)."""
-
-    type: Literal["single-stream"]
-    requests: int = Field(16, ge=1, description="minimum number of measured requests")
-    min_duration_s: float = Field(0.0, ge=0, description="keep sending until this much time has passed")
-    warmup: int = Field(2, ge=0, description="requests sent first and not measured")
-
-
-class OfflineSpec(_Frozen):
-    """The whole dataset in batches: single-task latency and throughput."""
-
-    type: Literal["offline"]
-    batch_size: int = Field(16, ge=1)
-    passes: int = Field(3, ge=1, description="minimum number of timed passes over the dataset")
-    min_duration_s: float = Field(0.0, ge=0, description="keep passing until this much time has passed")
-    warmup: int = Field(1, ge=0, description="batches run first and not measured")
-
-
-class LengthSweepSpec(_Frozen):
-    """Prefill time and per-token decode time at given prompt lengths (one request at a time)."""
-
-    type: Literal["length-sweep"]
-    lengths: list[int] = Field(default_factory=lambda: [128, 512, 2048], min_length=1,
-                               description="prompt lengths in tokens")
-    decode_tokens: int = Field(16, ge=2, description="tokens decoded after each prompt (stop tokens ignored)")
-    repeats: int = Field(3, ge=1, description="requests per length")
-    warmup: int = Field(1, ge=0, description="unmeasured requests at the shortest length")
-
-    @field_validator("lengths")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if any(n < 1 for n in v):
-            raise ValueError("every length must be at least 1 token")
-        return sorted(set(v))
-
-
-ScenarioSpec = Annotated[Union[SingleStreamSpec, OfflineSpec, LengthSweepSpec], Field(discriminator="type")]
+ScenarioSpec = Annotated[Union[tuple(SCENARIO_SPECS.values())], Field(discriminator="type")]
 
 
 class AccuracySpec(_Frozen):
-    """Teacher-forced comparison against the baseline, on the dataset's own text."""
+    """Accuracy, measured once per variant: teacher-forced against the baseline, and graded answers."""
 
-    samples: int = Field(32, ge=0, description="samples scored teacher-forced (0 turns it off)")
+    samples: int = Field(32, ge=0, description="samples scored teacher-forced against the baseline: KLD, "
+                                               "top-1 agreement, PPL ratio (0 turns it off)")
+    graded: int | None = Field(None, ge=0, description="samples whose greedy answers are graded by exact match, "
+                                                       "the same ones for every variant (default: all; 0: off)")
+    batch_size: int = Field(16, ge=1, description="batch size of the graded answers")
 
 
 class Workload(_Frozen):
     dataset: DatasetSpec = DatasetSpec(generator="structured")
     scenarios: list[ScenarioSpec] = Field(
-        default_factory=lambda: [SingleStreamSpec(type="single-stream"), OfflineSpec(type="offline")],
+        default_factory=lambda: [SCENARIO_SPECS["single-stream"](type="single-stream"),
+                                 SCENARIO_SPECS["offline"](type="offline")],
         min_length=1)
     max_new_tokens: int = Field(24, ge=1)
+    stop: list[str] = Field(default_factory=lambda: ["\n"],
+                            description="stop strings: an answer ends at the first (the dataset's answers are "
+                                        "one line); EOS always ends it")
     accuracy: AccuracySpec = AccuracySpec()
+
+    @field_validator("stop")
+    @classmethod
+    def _nonempty_stops(cls, v: list[str]) -> list[str]:
+        if any(not s for s in v):
+            raise ValueError("a stop string cannot be empty")
+        return v
 
 
 class VariantSpec(_Frozen):
@@ -146,10 +129,18 @@ class Suite(_Frozen):
     baseline: str | None = Field(None, description="name of the baseline variant (default: the first)")
     variants: list[VariantSpec] = Field(min_length=1)
     workload: Workload = Workload()
+    calibration: DatasetSpec | None = Field(None, description="calibration text for recipes that use it "
+                                                              "(mixed); default: the workload's own samples")
     requirements: Requirements = Requirements()
     output: OutputSpec = OutputSpec()
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int | None = Field(None, ge=1, description="torch threads in each worker (default: all cores)")
+    threads: int | None = Field(None, ge=1, description="torch threads in each worker (default: the cores this "
+                                                         "process may use)")
+    rounds: int = Field(DEFAULT_ROUNDS, ge=1, le=1000,
+                        description="fresh processes per variant; the order of the variants rotates every round "
+                                    "so that drift lands on all of them alike")
+    order: Literal["rotate", "random"] = Field("rotate", description="rotate: A B C, B C A, …; random: shuffled "
+                                                                    "every round by the suite's seed")
     seed: int = 0
     timeout_s: float = Field(900, gt=0, description="a variant still running after this is recorded as failed")
 
@@ -158,7 +149,6 @@ class Suite(_Frozen):
         return self.baseline or self.variants[0].name
 
 
-SCENARIO_SPECS = {"single-stream": SingleStreamSpec, "offline": OfflineSpec, "length-sweep": LengthSweepSpec}
 
 
 def suite_json_schema() -> dict:
@@ -206,6 +196,14 @@ def _check_names(suite: Suite, file: str) -> None:
         if n in names[:i]:
             raise SuiteError(f"variant name '{n}' is used twice", file=file, field=f"variants[{i}].name",
                              accepted="a name no other variant has")
+    seen: list[str] = []
+    for i, sc in enumerate(suite.workload.scenarios):
+        n = sc.name or sc.type
+        if n in seen or n in RESERVED_NAMES:
+            raise SuiteError(f"two scenarios are named '{n}'" if n in seen else f"'{n}' is a reserved name",
+                             file=file, field=f"workload.scenarios[{i}].name",
+                             accepted="a name no other scenario has (name: …), not " + ", ".join(RESERVED_NAMES))
+        seen.append(n)
     if suite.baseline is not None and suite.baseline not in names:
         raise SuiteError(f"baseline '{suite.baseline}' is not a variant", file=file, field="baseline",
                          accepted=" | ".join(names))
@@ -224,7 +222,7 @@ def _suite_error(e: ValidationError, file: str) -> SuiteError:
         return SuiteError("required field is missing", file=file, field=field)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         return SuiteError("unknown or missing scenario type", file=file, field=field,
-                          accepted="type: single-stream | offline | length-sweep")
+                          accepted="type: " + " | ".join(SCENARIO_SPECS))
     accepted = _accepted_for(loc)
     msg = err["msg"].removeprefix("Value error, ")
     if "input" in err and kind not in ("value_error",) and not isinstance(err["input"], (dict, list)):

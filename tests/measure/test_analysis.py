@@ -1,261 +1,236 @@
-"""From worker results to the comparison table (bench/analysis.py), on hand-built results.
+"""From stored records to the comparison table (measure/analysis.py), on hand-built records.
 
-Token times are multiples of 1/8 s so that every latency and median below is exact in binary.
-The result dicts have the shape measure/worker.py::run_measurement returns.
+The records are what workers return (measure/wire.py), with real tracker outputs; token times are
+multiples of 1/8 s so that medians are exact in binary. Nothing here runs a model.
 """
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
+from safetensors.numpy import save
 
-from variantlab.measure.analysis import (METRICS, Comparison, accuracy_facts, compare_variants,
-                                       distribution_facts)
-from variantlab.measure.records import RequestRecord, ScenarioPass
+from variantlab.measure.analysis import Comparison, analyse
+from variantlab.measure.records import RequestRecord
+from variantlab.measure.scenarios import SCENARIO_SPECS
+from variantlab.measure.scenarios.common import PassOutput, ScenarioOutput
+from variantlab.measure.scenarios.offline import Offline
+from variantlab.measure.scenarios.single_stream import SingleStream
+from variantlab.measure.tracker import blob_id
+from variantlab.measure.trackers import ColdStart, Facts, Grading, Memory, Scoring
+from variantlab.measure.trackers.cold_start import ColdStartOutput
+from variantlab.measure.trackers.facts import FactsOutput
+from variantlab.measure.trackers.grading import GradingOutput
+from variantlab.measure.trackers.memory import MemoryOutput
+from variantlab.measure.trackers.scoring import ScoringOutput
+from variantlab.measure.wire import BuildRecord, MeasurementRecord, TrackerResult
+
+SS = SingleStream(SCENARIO_SPECS["single-stream"](type="single-stream"))
+OFF = Offline(SCENARIO_SPECS["offline"](type="offline"))
+TRACKERS = (ColdStart(), SS, OFF, Memory(), Facts(), Grading(4), Scoring(2))
+NAMES = ("base", "fast", "slow")
 
 
-def record(rid: str, send: float, ttft: float, tpot: float, n_tokens: int, text: str = "",
-           error: str | None = None) -> RequestRecord:
-    times = tuple(send + ttft + k * tpot for k in range(n_tokens))
-    return RequestRecord(rid, send, times[-1] if times else send + ttft, times, 10, text, error)
+def req(i: int, ttft: float, tpot: float = 0.25, n: int = 5) -> RequestRecord:
+    send = 100.0 * i
+    times = tuple(send + ttft + k * tpot for k in range(n))
+    return RequestRecord(str(i), send, times[-1], times, 10, "x", None, tuple(range(n)), "stop")
 
 
-def single_stream(ttfts, tpot=0.25, n_tokens=5) -> ScenarioPass:
-    """One pass of requests 100 s apart: E2EL = ttft + (n_tokens - 1) * tpot."""
-    recs = tuple(record(str(i), 100.0 * i, t, tpot, n_tokens) for i, t in enumerate(ttfts))
-    return ScenarioPass("single-stream", 0.0, 100.0 * len(ttfts), recs)
-
-
-def offline(walls, texts=("a", "b")) -> list[ScenarioPass]:
+def scenario(ttfts, tpot=0.25, walls=(4.0,)) -> ScenarioOutput:
     passes = []
     for k, wall in enumerate(walls):
-        start = 1000.0 * k
-        recs = tuple(record(str(i), start, 0.5, 0.25, 3, text) for i, text in enumerate(texts))
-        passes.append(ScenarioPass("offline", start, start + wall, recs))
-    return passes
+        recs = tuple(req(i, t, tpot) for i, t in enumerate(ttfts))
+        passes.append(PassOutput(start=1e4 * k, end=1e4 * k + wall, records=recs))
+    return ScenarioOutput(passes=tuple(passes), shapes="1 × 10 prompt tokens")
 
 
-def result(ttfts=(0.5, 0.75, 1.0, 1.25, 1.5), tpot=0.25, walls=(4.0, 4.5, 5.0), weight_bytes=1000,
-           tokenizer_id="tok-a", **extra) -> dict:
-    return {
-        "status": "ok", "reason": None, "device": "cpu",
-        "facts": {"recipe": "fp32", "dtype": "fp32", "parameters": 250, "weight_bytes": weight_bytes,
-                  "bits_per_weight": 8 * weight_bytes / 250, "kernels": [], "notes": [], "extra": {}},
-        "tokenizer_id": tokenizer_id,
-        "cold_start": {"import_s": 1.0, "load_s": 2.0, "first_token_s": 0.5, "total_s": 3.5},
-        "memory": {"peak_bytes": 2_000_000, "total_bytes": 8_000_000, "utilization_pct": 25.0,
-                   "kind": "process peak RSS (getrusage)"},
-        "passes": {"single-stream": [single_stream(ttfts, tpot).to_json()],
-                   "offline": [p.to_json() for p in offline(walls)]},
-        "accuracy": None,
-    } | extra
+def logprobs_blob(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(6, 8))
+    lp = (x - np.log(np.exp(x).sum(1, keepdims=True))).astype(np.float32)
+    return save({"logprobs": lp, "targets": np.arange(6, dtype=np.int64) % 8})
 
 
-FAILED = {"status": "failed", "reason": "RuntimeError: out of memory"}
+def record(name: str, rnd: int, *, scale: float = 1.0, once: bool = False, cold: float = 3.0,
+           correct=(True, True, True, False), fingerprint="fp-a", scoring_seed=0, nonfinite=None,
+           stored=1000, peak=2_000_000, ttfts=(0.5, 0.75, 1.0, 1.25, 1.5)) -> tuple[MeasurementRecord, dict]:
+    outs = [
+        (ColdStart(), ColdStartOutput(import_s=1.0, tokenizer_s=0.01, load_s=cold - 1.5, first_token_s=0.49,
+                                      total_s=cold, clock="process start")),
+        (SS, scenario([t * scale for t in ttfts], 0.25 * scale)),
+        (OFF, scenario([0.5] * 4, 0.25, walls=(4.0 * scale, 4.5 * scale, 5.0 * scale))),
+        (Memory(), MemoryOutput(peak_bytes=peak + 500, baseline_bytes=500, total_bytes=8_000_000,
+                                instrument="rss", covered=("1 × 10",))),
+    ]
+    blobs = {}
+    if once:
+        blob = logprobs_blob(scoring_seed)
+        blobs[blob_id(blob)] = blob
+        outs += [
+            (Facts(), FactsOutput(recipe="fp32", dtype="fp32", parameters=250, stored_bytes=stored,
+                                  resident_bytes=stored, bits_per_weight=8 * stored / 250,
+                                  kv_cache_bytes_per_token=64, kv_cache_bytes_2048=64 * 2048, kernels=("mm",),
+                                  notes=(), attention="model's own")),
+            (Grading(4), GradingOutput(ids=("0", "1", "2", "3"), outputs=("a",) * 4, correct=tuple(correct))),
+            (Scoring(2), ScoringOutput(texts=2, positions=6, nll_nats=None if nonfinite else 6.0, n_bytes=12,
+                                       tokenizer_fingerprint=fingerprint, tokenizer_class="Tok",
+                                       logprobs_blob=blob_id(blob), nonfinite=nonfinite)),
+        ]
+    results = tuple(TrackerResult(kind=t.kind, name=t.name, data=o.model_dump(mode="json")) for t, o in outs)
+    return (MeasurementRecord(variant=name, round=rnd, status="ok", device="cpu", ran_once=once, outputs=results,
+                              blobs={k: len(v) for k, v in blobs.items()}), blobs)
 
 
-def cell(c: Comparison, key: str, name: str):
-    return c.row(key).cells[name]
+def builds(*names):
+    return [BuildRecord(variant=n, status="ok", artifact_dir=f"/a/{n}", facts={"recipe": "fp32", "kernels": ["mm"]},
+                        timings={"build_s": 1.0}) for n in names]
 
 
-# --------------------------------------------------------------------------- the table
-# compare_variants bootstraps every row, so one comparison is built per module and shared:
-#   base    the baseline
-#   same    identical timings, half the weight bytes, half the task accuracy
-#   slow    every latency doubled, and a tokenizer of its own (as the runner marks it)
-#   broken  failed in its worker
+def run(recs_and_blobs, names=NAMES, baseline="base", build_records=None, **kw) -> Comparison:
+    blobs = {}
+    records = []
+    for rec, b in recs_and_blobs:
+        records.append(rec)
+        blobs.update(b)
+    return analyse(TRACKERS, names, baseline, build_records if build_records is not None else builds(*names),
+                   records, blobs.__getitem__, **kw)
 
-SLOW_TTFTS = (1.0, 1.5, 2.0, 2.5, 3.0)
+
+ROUND_DRIFT = (1.0, 3.0, 0.5)   # what the machine did in each round, to every variant alike
 
 
 @pytest.fixture(scope="module")
-def comparison() -> Comparison:
-    return compare_variants({
-        "base": result(task_accuracy=0.8, kld_mean=0.0, top1_agreement=1.0),
-        "same": result(weight_bytes=500, task_accuracy=0.4, kld_mean=0.25, top1_agreement=0.9,
-                       accuracy_retention=0.5),
-        "slow": result(ttfts=SLOW_TTFTS, tpot=0.5, tokenizer_id="tok-b",
-                       not_comparable="tokenizer tok-b differs from the baseline's tok-a"),
-        "broken": FAILED,
-    }, "base")
+def three_rounds() -> Comparison:
+    """base; fast 0.8x base and slow 2x base in every round, under a large shared drift."""
+    out = []
+    for r, drift in enumerate(ROUND_DRIFT):
+        for name, factor in (("base", 1.0), ("fast", 0.8), ("slow", 2.0)):
+            out.append(record(name, r, scale=drift * factor * (1 + 0.01 * r), once=r == 0,
+                              cold=3.0 * drift, scoring_seed={"base": 0, "fast": 0, "slow": 1}[name]))
+    return run(out)
 
 
-def test_latency_rows_have_the_exact_medians(comparison):
-    c = comparison
-    # E2EL = ttft + 4 * 0.25 = [1.5, 1.75, 2.0, 2.25, 2.5]; TTFT median 1.0; TPOT exactly 0.25
-    assert cell(c, "e2el_p50", "base").value == 2.0
-    assert cell(c, "e2el_p50", "base").n == 5
-    assert cell(c, "e2el_p95", "base").value == pytest.approx(2.45)   # 1.5 + 0.95 * 4 * 0.25
-    assert cell(c, "ttft_p50", "base").value == 1.0
-    assert cell(c, "tpot_p50", "base").value == 0.25
-    assert cell(c, "single_task_latency", "base").value == 4.5
-    assert cell(c, "single_task_latency", "base").n == 3
-    assert cell(c, "model_size", "base").value == 1000
-    assert cell(c, "cold_start_total", "base").value == 3.5
-    assert cell(c, "peak_memory", "base").value == 2_000_000
-    assert cell(c, "memory_utilization", "base").value == 25.0
-    # 2 requests x 3 tokens per pass / wall time; the median pass is the 4.5 s one
-    assert cell(c, "output_throughput", "base").value == pytest.approx(6 / 4.5)
-    # facts that were never measured give empty cells, not zeros
-    assert cell(c, "ppl_ratio", "base") is None and cell(c, "bits_per_byte", "base") is None
+def test_every_tracker_metric_has_a_row_keyed_by_tracker(three_rounds):
+    keys = {r.key for r in three_rounds.rows}
+    for t in TRACKERS:
+        for d in t.metrics():
+            assert f"{t.name}.{d.key}" in keys
+    assert three_rounds.row("tpot_p50").key == "single-stream.tpot_p50"
+    with pytest.raises(KeyError):
+        three_rounds.row("output_throughput")   # single-stream's and offline's: ambiguous
 
 
-def test_every_metric_has_a_row_and_the_rows_are_labelled_with_their_scenario(comparison):
-    c = comparison
-    assert [r.key for r in c.rows] == [d.key for d in METRICS] + ["attention_error"]  # no sweep: no sweep rows
-    assert c.row("e2el_p50").label.endswith("[single-stream]")
-    assert c.row("single_task_latency").label.endswith("[offline]")
-    assert c.row("e2el_p50").lower_is_better is True and c.row("output_throughput").lower_is_better is False
+def test_values_pool_every_round(three_rounds):
+    ttft = three_rounds.row("single-stream.ttft_p50").cells["base"]
+    pooled = [t * d * (1 + 0.01 * r) for r, d in enumerate(ROUND_DRIFT) for t in (0.5, 0.75, 1.0, 1.25, 1.5)]
+    assert ttft.value == pytest.approx(float(np.median(pooled)))
+    assert ttft.rounds == 3 and ttft.n == 15
 
 
-def test_baseline_delta_is_none(comparison):
-    for row in comparison.rows:
-        assert row.deltas["base"] is None
+def test_paired_rounds_cancel_the_drift_a_round_shares(three_rounds):
+    """Every value swings 6x between rounds, yet the per-round ratios are exact: -20% and +100%."""
+    row = three_rounds.row("single-stream.tpot_p50")
+    fast, slow = row.deltas["fast"], row.deltas["slow"]
+    assert fast.pct == pytest.approx(-20.0, abs=1e-6) and fast.significant is True
+    assert slow.pct == pytest.approx(100.0, abs=1e-6) and slow.significant is True
+    assert fast.method == "paired over 3 rounds"
+    assert row.deltas["base"] is None
 
 
-def test_clearly_slower_variant_has_a_significant_positive_e2el_delta(comparison):
-    c = comparison
-    assert cell(c, "e2el_p50", "slow").value == 4.0
-    d = c.row("e2el_p50").deltas["slow"]
-    assert d.pct == pytest.approx(100.0)
-    assert d.significant is True and d.low > 0
-    assert c.row("tpot_p50").deltas["slow"].pct == pytest.approx(100.0)
+def test_the_baselines_round_to_round_noise_is_reported(three_rounds):
+    row = three_rounds.row("single-stream.tpot_p50")
+    per_round = [0.25 * d * (1 + 0.01 * r) for r, d in enumerate(ROUND_DRIFT)]
+    assert row.noise == pytest.approx(np.std(per_round, ddof=1) / np.mean(per_round), rel=1e-6)
+    assert any("cannot tell them apart" in w for w in row.warnings)   # 20% < noise
 
 
-def test_identical_distributions_are_not_significant(comparison):
-    for key in ("e2el_p50", "ttft_p50", "single_task_latency"):
-        d = comparison.row(key).deltas["same"]
-        assert d.pct == 0.0 and d.significant is False and d.low <= 0 <= d.high
-        assert "(n.s.)" in d.label()
+def test_process_figures_are_judged_over_rounds(three_rounds):
+    cold = three_rounds.row("cold_start.total")
+    assert cold.cells["base"].rounds == 3
+    assert cold.deltas["fast"].pct == pytest.approx(0.0) and cold.deltas["fast"].significant is False
 
 
-def test_failed_variant_has_empty_cells_and_keeps_its_status_and_reason(comparison):
-    c = comparison
-    assert c.variants == ("base", "same", "slow", "broken")
-    assert c.status == {"base": "ok", "same": "ok", "slow": "ok", "broken": "failed"}
-    assert c.reasons["broken"] == "RuntimeError: out of memory" and c.reasons["base"] is None
-    for row in c.rows:
-        assert row.cells["broken"] is None and row.deltas["broken"] is None
+def test_one_round_process_figures_are_single_samples_with_no_verdict():
+    c = run([record("base", 0, once=True, cold=3.0), record("fast", 0, once=True, cold=2.0, peak=1_000_000)],
+            names=("base", "fast"))
+    for key in ("cold_start.total", "memory.peak"):
+        row = c.row(key)
+        assert row.cells["fast"].low is None and row.cells["fast"].n == 1
+        assert row.deltas["fast"].significant is None
 
 
-def test_failed_baseline_gives_cells_but_no_deltas():
-    c = compare_variants({"base": FAILED, "other": result()}, "base")
-    assert cell(c, "e2el_p50", "other").value == 2.0
-    assert all(row.deltas["other"] is None for row in c.rows)
+def test_facts_get_a_plain_percent_change_and_no_verdict(three_rounds):
+    row = three_rounds.row("facts.model_size")
+    assert row.kind == "fact"
+    assert row.deltas["slow"].pct == 0.0 and row.deltas["slow"].significant is None
 
 
-def test_model_size_has_an_exact_delta(comparison):
-    d = comparison.row("model_size").deltas["same"]
-    assert d.pct == -50.0 and d.low is None and d.high is None and d.significant is True
-    assert comparison.row("bits_per_weight").deltas["same"].pct == -50.0
-    assert comparison.row("model_size").deltas["slow"].significant is False
+def test_versus_rows_compare_with_the_baseline(three_rounds):
+    kld = three_rounds.row("scoring.kld_mean")
+    assert kld.cells["base"].value == pytest.approx(0.0, abs=1e-9)
+    assert kld.cells["fast"].value == pytest.approx(0.0, abs=1e-9)    # same log-probs as base
+    assert kld.cells["slow"].value > 0.01                               # other log-probs
+    assert three_rounds.row("grading.accuracy_retention").cells["fast"].value == 1.0
+    assert all(d is None for d in kld.deltas.values())
 
 
-def test_unstable_repeated_measurements_are_warned_about(comparison):
-    # Offline pass wall times 4.0, 4.5, 5.0 s: coefficient of variation 0.5 / 4.5, over 10%.
-    assert any(w.startswith("Single-task latency") and "base 11%" in w for w in comparison.warnings)
-    # Per-request E2EL differs by prompt by design: its spread is no instability.
-    assert not any("E2EL" in w for w in comparison.warnings)
-    steady = result(walls=(4.0, 4.0, 4.0))
-    assert not any("Single-task latency" in w for w in compare_variants({"base": steady}, "base").warnings)
+def test_a_tokenizer_that_splits_text_differently_is_not_comparable():
+    c = run([record("base", 0, once=True), record("fast", 0, once=True, fingerprint="fp-b")], names=("base", "fast"))
+    cell = c.row("scoring.kld_mean").cells["fast"]
+    assert cell.value is None and "not comparable" in cell.problem
+    assert c.row("scoring.bits_per_byte").cells["fast"].value is not None   # still comparable across tokenizers
 
 
-def test_different_tokenizers_put_a_not_comparable_note_on_the_kld_row(comparison):
-    c = comparison
-    assert c.tokenizers == {"base": "tok-a", "same": "tok-a", "slow": "tok-b", "broken": None}
-    note = c.row("kld_mean").note
-    assert note is not None and "slow" in note and "not comparable" in note and "tok-b" in note
-    assert "same" not in note
-    assert cell(c, "kld_mean", "slow") is None
-    assert c.row("top1_agreement").note == note
-    assert c.row("e2el_p50").note is None
+def test_nan_logits_are_named_in_the_row_and_the_run_completes():
+    c = run([record("base", 0, once=True), record("fast", 0, once=True, nonfinite="NaN logits from position 37")],
+            names=("base", "fast"))
+    assert c.row("scoring.kld_mean").cells["fast"].problem == "NaN logits from position 37"
+    assert c.row("scoring.ppl").cells["fast"].problem == "NaN logits from position 37"
+    json.dumps(c.to_json())   # a readable run: nothing in it that JSON refuses
 
 
-def test_accuracy_rows_come_from_the_enriched_result(comparison):
-    c = comparison
-    assert cell(c, "task_accuracy", "same").value == 0.4
-    assert c.row("task_accuracy").deltas["same"].pct == -50.0
-    assert cell(c, "kld_mean", "same").value == 0.25
-    assert c.row("kld_mean").deltas["same"] is None   # the baseline's KLD is 0: no percentage
-    assert cell(c, "accuracy_retention", "same").value == 0.5
+def test_non_finite_samples_become_a_problem_not_a_crash():
+    rec, blobs = record("fast", 0, once=True)
+    bad = ColdStartOutput(import_s=1.0, tokenizer_s=0.0, load_s=float("nan"), first_token_s=0.5, total_s=3.0,
+                          clock="x")
+    outputs = tuple(TrackerResult(kind=o.kind, name=o.name, data=bad.model_dump(mode="json"))
+                    if o.name == "cold_start" else o for o in rec.outputs)
+    c = run([record("base", 0, once=True), (rec.model_copy(update={"outputs": outputs}), blobs)],
+            names=("base", "fast"))
+    assert "non-finite" in c.row("cold_start.load").cells["fast"].problem
 
 
-def test_comparison_round_trips_through_json(comparison):
-    back = Comparison.from_json(json.loads(json.dumps(comparison.to_json())))
-    assert back == comparison
-    assert back.row("e2el_p50").deltas["slow"] == comparison.row("e2el_p50").deltas["slow"]
+def test_too_few_requests_for_a_tail_percentile_is_said_not_printed(three_rounds):
+    p99 = three_rounds.row("single-stream.e2el_p99")
+    assert p99.cells["base"].low is None and "too few requests for p99" in p99.cells["base"].problem
+    assert p99.deltas["slow"].significant is None
 
 
-# --------------------------------------------------------------------------- accuracy facts
-
-SAMPLES = [{"id": "a", "prompt": "p", "answer": "x1"}, {"id": "b", "prompt": "p", "answer": "y2"},
-           {"id": "c", "prompt": "p", "answer": "z3"}, {"id": "d", "prompt": "p", "answer": "w4"}]
-
-
-def with_offline(records) -> dict:
-    return {"status": "ok",
-            "passes": {"offline": [ScenarioPass("offline", 0.0, 1.0, tuple(records)).to_json()]}}
+def test_failed_variant_keeps_its_status_and_reason_and_the_others_go_on():
+    build = builds("base", "fast") + [BuildRecord(variant="slow", status="failed", reason="RuntimeError: boom")]
+    c = run([record("base", 0, once=True), record("fast", 0, once=True)], build_records=build)
+    assert c.status == {"base": "ok", "fast": "ok", "slow": "failed"}
+    assert c.reasons["slow"] == "build: RuntimeError: boom"
+    assert all(r.cells["slow"] is None for r in c.rows)
 
 
-def test_accuracy_facts_grade_exact_match_by_request_id():
-    # Records out of sample order: grading by position would give 1/4, by id 3/4.
-    recs = [record("d", 0, 0.5, 0.25, 2, " w4 "), record("c", 0, 0.5, 0.25, 2, "z3"),
-            record("a", 0, 0.5, 0.25, 2, "x1"), record("b", 0, 0.5, 0.25, 2, "nope")]
-    facts = accuracy_facts(with_offline(recs), SAMPLES)
-    assert facts["graded"] == 4 and facts["task_accuracy"] == 0.75
+def test_a_round_that_failed_is_left_out_and_warned_about():
+    failed = (MeasurementRecord(variant="fast", round=1, status="failed", reason="worker exited with status -9"), {})
+    c = run([record("base", 0, once=True), record("fast", 0, once=True), record("base", 1), failed],
+            names=("base", "fast"))
+    assert c.status["fast"] == "ok" and c.rounds["fast"] == {"ok": 1, "failed": 1}
+    assert any("fast failed in 1 round" in w and "status -9" in w for w in c.warnings)
 
 
-def test_accuracy_facts_skip_failed_unknown_and_repeated_requests():
-    recs = [record("a", 0, 0.5, 0.25, 2, "x1"), record("b", 0, 0.5, 0.25, 2, "y2", error="timeout"),
-            record("zz", 0, 0.5, 0.25, 2, "x1"), record("a", 0, 0.5, 0.25, 2, "wrong")]
-    facts = accuracy_facts(with_offline(recs), SAMPLES)
-    assert facts["graded"] == 1 and facts["task_accuracy"] == 1.0
+def test_a_failed_baseline_gives_cells_but_no_deltas():
+    build = [BuildRecord(variant="base", status="failed", reason="x")] + builds("fast")
+    c = run([record("fast", 0, once=True)], names=("base", "fast"), build_records=build)
+    row = c.row("single-stream.tpot_p50")
+    assert row.cells["fast"].value is not None and row.deltas["fast"] is None
 
 
-def test_accuracy_facts_fall_back_to_single_stream_records():
-    r = {"status": "ok", "passes": {"single-stream": [ScenarioPass(
-        "single-stream", 0.0, 1.0, (record("b", 0, 0.5, 0.25, 2, "y2"),)).to_json()]}}
-    assert accuracy_facts(r, SAMPLES) == {"graded": 1, "task_accuracy": 1.0}
-
-
-def test_accuracy_facts_without_records_grade_nothing():
-    assert accuracy_facts({"status": "ok", "passes": {}}, SAMPLES) == {"graded": 0}
-
-
-def test_accuracy_facts_give_bits_per_byte_and_perplexity():
-    r = with_offline([]) | {"accuracy": {"nll_nats": 100 * math.log(2.0), "n_bytes": 50, "positions": 25}}
-    facts = accuracy_facts(r, SAMPLES)
-    assert facts["bits_per_byte"] == pytest.approx(2.0)
-    assert facts["ppl"] == pytest.approx(math.exp(100 * math.log(2.0) / 25))   # = 16
-
-
-# --------------------------------------------------------------------------- distributions
-
-def logprobs(rows: list[list[float]]) -> np.ndarray:
-    a = np.asarray(rows, dtype=np.float64)
-    return (a - np.log(np.exp(a).sum(axis=1, keepdims=True))).astype(np.float32)
-
-
-def test_distribution_facts_of_identical_distributions():
-    lp = logprobs([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
-    t = np.array([2, 0])
-    facts = distribution_facts(lp, t, lp.copy(), t.copy())
-    assert facts["kld_mean"] == pytest.approx(0.0, abs=1e-7) and facts["top1_agreement"] == 1.0
-
-
-def test_distribution_facts_by_hand():
-    base = np.log(np.array([[0.5, 0.5], [0.9, 0.1]], dtype=np.float32))
-    var = np.log(np.array([[0.5, 0.5], [0.1, 0.9]], dtype=np.float32))
-    t = np.array([0, 0])
-    facts = distribution_facts(base, t, var, t)
-    kl = 0.9 * math.log(9) + 0.1 * math.log(1 / 9)   # second position; the first is 0
-    assert facts["kld_mean"] == pytest.approx(kl / 2, rel=1e-5)
-    assert facts["top1_agreement"] == 0.5
-
-
-def test_distribution_facts_refuse_different_tokenisations():
-    lp = logprobs([[0.0, 1.0], [1.0, 0.0]])
-    assert "not_comparable" in distribution_facts(lp, np.array([0, 1]), lp, np.array([1, 1]))
-    assert "not_comparable" in distribution_facts(lp, np.array([0, 1]), lp[:1], np.array([0]))
+def test_comparison_round_trips_through_json(three_rounds):
+    again = Comparison.from_json(json.loads(json.dumps(three_rounds.to_json())))
+    assert again == three_rounds

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from variantlab.measure.runner import plan_suite_file, run_bench, run_plan
-from variantlab.measure.worker import RESULT_VERSION
+from variantlab.measure.plan import plan_suite_file
+from variantlab.measure.runner import run_bench, run_plan
+from variantlab.measure.wire import BuildJob, BuildRecord, MeasurementRecord
 from variantlab.report.format import fmt_value
+from variantlab.store import Store
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +32,7 @@ BUILT = [{"name": "fp32"}, {"name": "int8", "recipe": "int8"},
 
 def _write_suite(tmp_path: Path, variants: list[dict], name: str = "suite.yaml") -> Path:
     suite = {"name": "tiny", "model": "builtin:tiny-structured", "variants": variants, "workload": TINY_WORKLOAD,
-             "threads": 1, "device": "cpu",
+             "threads": 1, "device": "cpu", "rounds": 1,
              "output": {"dir": str(tmp_path / "runs"), "store": str(tmp_path / "store.sqlite")}}
     path = tmp_path / name
     path.write_text(yaml.safe_dump(suite))
@@ -52,6 +54,7 @@ def built(tmp_path_factory):
     return suite, out, _cli("build", suite, "--out", out, cwd=tmp)
 
 
+@pytest.mark.slow
 def test_build_writes_one_artifact_per_variant_and_prints_the_table(built):
     suite, out, proc = built
     assert proc.returncode == 0, proc.stderr
@@ -79,46 +82,47 @@ def test_build_of_a_missing_suite_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "artifacts").exists()
 
 
+@pytest.mark.slow
 def test_bench_measures_built_variants_from_their_artifacts(built, tmp_path):
-    """int4 reuses the artifact `build` wrote; w4a8 has none there and is built in the run folder;
-    fp32 (a dtype recipe) loads from the checkpoint, which is its artifact."""
+    """fp32 and int4 reuse the artifacts `build` wrote; w4a8 has none there and is built in the run folder.
+    Every variant, dtype ones too, is measured from an artifact stored in its own dtype."""
     _, artifacts, proc = built
     assert proc.returncode == 0, proc.stderr
     suite = _write_suite(tmp_path, [{"name": "fp32"}, {"name": "int4", "recipe": "int4", "options": {"group_size": 64}},
                                     {"name": "w4a8", "recipe": "w4a8"}])
     result = run_bench(suite, artifacts_dir=artifacts)
-    c, r = result.comparison, result.results
-    assert c.status == {"fp32": "ok", "int4": "ok", "w4a8": "ok"}
-    assert "build" not in r["fp32"]
-    int4, w4a8 = r["int4"]["build"], r["w4a8"]["build"]
+    c = result.comparison
+    assert c.status == {"fp32": "ok", "int4": "ok", "w4a8": "ok"}, c.reasons
+    with Store(result.store_path) as store:
+        builds = {b.variant: b for b in store.records(result.run_id, "build")}
     # reused, unless the background training rewrote the reference weights since `build` ran
-    assert int4["reused"] or any("fingerprint" in why for why in int4["not_reused"])
-    assert not w4a8["reused"] and Path(w4a8["artifact_path"]) == result.output_dir / "variants" / "w4a8" / "artifact"
-    for name, b in (("int4", int4), ("w4a8", w4a8)):
-        size = (Path(b["artifact_path"]) / "model.safetensors").stat().st_size
-        assert c.row("model_size").cells[name].value == size == b["bytes_on_disk"]
-        assert r[name]["facts"]["extra"]["artifact_bytes_on_disk"] == size
-        assert r[name]["build_s"] == b["build_s"] > 0  # kept apart from cold start and warm figures
-        assert r[name]["cold_start"]["load_s"] > 0
-    assert (result.output_dir / "variants" / "w4a8" / "build" / "result.json").is_file()
+    for name in ("fp32", "int4"):
+        assert builds[name].reused or any("fingerprint" in why for why in builds[name].not_reused)
+    w4a8 = builds["w4a8"]
+    assert not w4a8.reused and Path(w4a8.artifact_dir) == (result.output_dir / "variants" / "w4a8" / "artifact").resolve()
+    for name in ("int4", "w4a8"):
+        size = (Path(builds[name].artifact_dir) / "model.safetensors").stat().st_size
+        assert c.row("model_size").cells[name].value == size == builds[name].bytes_on_disk
+        assert c.row("cold_start.load").cells[name].value > 0
+    assert w4a8.timings["build_s"] > 0 and c.builds["w4a8"]["build_s"] == w4a8.timings["build_s"]
     assert c.row("model_size").deltas["int4"].pct < -70
 
 
 class _FakeExecutor:
-    """Answers build and measure specs without processes; a build of `fail` is unsupported."""
+    """Answers build and measure jobs without processes; a build of `fail` is unsupported."""
 
     def __init__(self, fail: str):
-        self.fail, self.specs = fail, []
+        self.fail, self.jobs = fail, []
 
-    def run(self, spec, workdir, timeout_s, progress=None):
-        self.specs.append(spec)
-        name = spec["variant"]["name"]
-        if spec.get("mode") == "build":
+    def run(self, job, workdir, timeout_s, progress=None):
+        self.jobs.append(job)
+        name = job.variant["name"]
+        if isinstance(job, BuildJob):
             if name == self.fail:
-                return {"version": RESULT_VERSION, "status": "unsupported", "reason": "no kernel here"}
-            return {"version": RESULT_VERSION, "status": "ok", "artifact_path": spec["artifact_dir"], "build_s": 1.5,
-                    "bytes_on_disk": 123}
-        return {"version": RESULT_VERSION, "status": "failed", "reason": "fake measurement"}
+                return BuildRecord(variant=name, status="unsupported", reason="no kernel here"), {}
+            return BuildRecord(variant=name, status="ok", artifact_dir=job.artifact_dir, bytes_on_disk=123,
+                               timings={"build_s": 1.5}), {}
+        return MeasurementRecord(variant=name, round=job.round, status="failed", reason="fake measurement"), {}
 
 
 def test_a_failed_build_is_the_variants_status_and_the_others_go_on(tmp_path):
@@ -126,10 +130,9 @@ def test_a_failed_build_is_the_variants_status_and_the_others_go_on(tmp_path):
                                     {"name": "int4", "recipe": "int4"}])
     ex = _FakeExecutor(fail="int8")
     result = run_plan(plan_suite_file(suite), executor=ex)
-    assert [(s.get("mode", "measure"), s["variant"]["name"]) for s in ex.specs] == [
-        ("measure", "fp32"), ("build", "int8"), ("build", "int4"), ("measure", "int4")]
-    assert "artifact_path" not in ex.specs[0]["variant"]  # a dtype recipe loads from its checkpoint
-    assert ex.specs[3]["variant"]["artifact_path"] == ex.specs[2]["artifact_dir"]
-    assert result.results["int8"]["status"] == "unsupported"
-    assert result.results["int8"]["reason"] == "build: no kernel here"
-    assert result.results["int4"]["build"]["build_s"] == 1.5 == result.results["int4"]["build_s"]
+    assert [(j.kind, j.variant["name"]) for j in ex.jobs] == [
+        ("build", "fp32"), ("build", "int8"), ("build", "int4"), ("measure", "fp32"), ("measure", "int4")]
+    assert ex.jobs[4].artifact_dir == ex.jobs[2].artifact_dir
+    c = result.comparison
+    assert c.status == {"fp32": "failed", "int8": "unsupported", "int4": "failed"}
+    assert c.reasons["int8"] == "build: no kernel here" and c.reasons["int4"] == "fake measurement"

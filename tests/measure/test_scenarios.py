@@ -1,126 +1,175 @@
-"""Scenarios (bench/scenarios.py) driving a real TorchBackend on the tiny random model.
+"""Scenarios (measure/scenarios/) driving a fake streaming backend on a fake clock.
 
-The scenarios' own clock is a counter that advances one second per reading, so "keep going until
-min_duration_s has passed" is decided by clock readings, not by how fast this machine is.
+The backend emits one token per 1/8 s of fake time and records every batch it was sent, so that
+counts, shapes, warm-up and stop rules are checked exactly, with no model and no wall clock.
 """
 from __future__ import annotations
 
 import pytest
 
-from variantlab.backends.base import Capabilities
-from variantlab.backends.torch_backend import TorchBackend
-from variantlab.measure.scenarios import Offline, SingleStream, scenario_from_spec
-from variantlab.suite import OfflineSpec, SingleStreamSpec
+from variantlab.backends.base import Capabilities, TokenEvent
+from variantlab.measure.scenarios import SCENARIO_SPECS, SCENARIOS, scenario_tracker
+from variantlab.measure.scenarios.common import ScenarioOutput
+from variantlab.measure.tracker import WorkloadSettings
 
-pytestmark = pytest.mark.model
-
-SAMPLES = [
-    {"id": "s0", "prompt": "a: 1\nQ: What is the a?\nA:", "answer": "1"},
-    {"id": "s1", "prompt": "Q: hi\nA:", "answer": "hi"},
-    {"id": "s2", "prompt": "status: pending\nitems: 3\nQ: What is the status?\nA:", "answer": "pending"},
-]
-MAX_NEW = 2
+SAMPLES = tuple({"id": f"s{i}", "prompt": " ".join(["w"] * (3 + i % 4)), "answer": "a"} for i in range(10))
+SETTINGS = WorkloadSettings(max_new_tokens=5, stop=("\n",), slo={})
 
 
-class CounterClock:
-    """A clock that reads 1.0, 2.0, 3.0, ...: one second passes per reading."""
-
-    def __init__(self) -> None:
+class Clock:
+    def __init__(self):
         self.now = 0.0
 
     def __call__(self) -> float:
-        self.now += 1.0
         return self.now
 
 
-class OneAtATime(TorchBackend):
-    """The same backend declaring that it cannot batch."""
+class FakeBackend:
+    """Prompt tokens = words; every request decodes max_new_tokens tokens, 1/8 s per step."""
 
-    capabilities = Capabilities(batching=False, token_timestamps=True, scoring=True)
+    tokenizer_id = "fake"
 
+    def __init__(self, clock, batching=True, token_input=True):
+        self.clock = clock
+        self.capabilities = Capabilities(batching=batching, token_input=token_input)
+        self.batches: list[list] = []
 
-@pytest.fixture(scope="module")
-def backend(tiny_lm):
-    model, tok = tiny_lm
-    return TorchBackend(model, tok, "cpu", "tok")
+    def encode(self, text):
+        return [1] * len(text.split())
 
+    def decode(self, ids):
+        return "t" * len(ids)
 
-def test_single_stream_yields_exactly_the_requested_records(backend):
-    fractions = []
-    passes = SingleStream(requests=3, warmup=1, clock=CounterClock()).run(
-        backend, SAMPLES[:2], MAX_NEW, fractions.append)
-    assert len(passes) == 1
-    p = passes[0]
-    assert p.scenario == "single-stream"
-    assert [r.request_id for r in p.records] == ["s0", "s1", "s0"]   # cycles through the dataset
-    assert all(r.ok and 1 <= r.tokens_out <= MAX_NEW for r in p.records)
-    assert fractions == pytest.approx([1 / 3, 2 / 3, 1.0])
-    assert p.start_time < p.end_time
-
-
-def test_single_stream_sample_without_id_is_named_by_its_index(backend):
-    samples = [{"prompt": s["prompt"], "answer": s["answer"]} for s in SAMPLES[:2]]
-    p, = SingleStream(requests=3, warmup=0).run(backend, samples, MAX_NEW)
-    assert [r.request_id for r in p.records] == ["0", "1", "2"]
+    def stream(self, requests):
+        self.batches.append(list(requests))
+        for step in range(max(r.max_new_tokens for r in requests)):
+            self.clock.now += 0.125
+            for i, r in enumerate(requests):
+                if step < r.max_new_tokens:
+                    n_in = len(r.prompt_ids) if r.prompt_ids is not None else len(self.encode(r.prompt))
+                    yield TokenEvent(i, 7, self.clock.now, "length" if step == r.max_new_tokens - 1 else None,
+                                     n_in if step == 0 else None)
 
 
-def test_single_stream_keeps_sending_until_min_duration(backend):
-    p, = SingleStream(requests=1, warmup=0, min_duration_s=4.0, clock=CounterClock()).run(
-        backend, SAMPLES, MAX_NEW)
-    assert len(p.records) > 1
-    assert p.wall_time >= 4.0
-    assert [r.request_id for r in p.records] == [SAMPLES[i % 3]["id"] for i in range(len(p.records))]
+class Host:
+    def __init__(self, backend):
+        self.backend, self.samples, self.shapes, self.outputs = backend, SAMPLES, [], {}
+
+    def progress(self, stage, fraction):
+        pass
 
 
-def test_offline_passes_cover_every_sample_once(backend):
-    fractions = []
-    passes = Offline(batch_size=2, passes=2, warmup=1, clock=CounterClock()).run(
-        backend, SAMPLES, MAX_NEW, fractions.append)
-    assert len(passes) == 2
-    for p in passes:
-        assert p.scenario == "offline"
-        assert sorted(r.request_id for r in p.records) == ["s0", "s1", "s2"]
-        assert p.wall_time > 0
-        # batches of 2: the first two requests were sent together, the third in a batch of its own
-        assert p.records[0].send_time == p.records[1].send_time != p.records[2].send_time
-    assert fractions == [0.5, 1.0]
-    assert passes[0].end_time <= passes[1].start_time
+def make(kind: str, clock, **spec):
+    tracker = scenario_tracker(SCENARIO_SPECS[kind](type=kind, **spec), SETTINGS)
+    return type(tracker)(tracker.spec, SETTINGS, clock)
 
 
-def test_offline_repeats_passes_until_min_duration(backend):
-    passes = Offline(batch_size=3, passes=1, warmup=0, min_duration_s=10.0, clock=CounterClock()).run(
-        backend, SAMPLES, MAX_NEW)
-    assert len(passes) > 1
-    assert passes[-1].end_time - passes[0].start_time >= 10.0 - 1.0   # the run's first reading precedes
-    for p in passes:
-        assert sorted(r.request_id for r in p.records) == ["s0", "s1", "s2"]
+def timed(backend, warm: int):
+    return [b for b in backend.batches[warm:]]
 
 
-def test_offline_sends_one_request_at_a_time_to_a_backend_that_cannot_batch(tiny_lm):
-    model, tok = tiny_lm
-    p, = Offline(batch_size=2, passes=1, warmup=1).run(OneAtATime(model, tok, "cpu", "tok"), SAMPLES,
-                                                       MAX_NEW)
-    assert [r.request_id for r in p.records] == ["s0", "s1", "s2"]
-    sends = [r.send_time for r in p.records]
-    assert sends == sorted(sends) and len(set(sends)) == 3
+def test_single_stream_warms_every_prompt_length_then_sends_exactly_the_requests():
+    clock = Clock()
+    backend = FakeBackend(clock)
+    sc = make("single-stream", clock, requests=6, warmup=2)
+    out = sc.run(Host(backend))
+    lengths = {len(s["prompt"].split()) for s in SAMPLES[:6]}
+    short = [b for b in backend.batches if b[0].max_new_tokens == 2]
+    assert sorted(len(b[0].prompt.split()) for b in short) == sorted(lengths)   # one short request per length
+    assert all(not b[0].stop_on_eos for b in short)
+    (p,) = out.passes
+    assert [r.request_id for r in p.records] == [s["id"] for s in SAMPLES[:6]]
+    assert len(backend.batches) == len(lengths) + 2 + 6
+    last = backend.batches[-1][0]
+    assert last.stop == ("\n",) and last.max_new_tokens == 5 and last.stop_on_eos
+    assert all(r.tokens_in == len(s["prompt"].split()) for r, s in zip(p.records, SAMPLES))
 
 
-def test_scenario_from_spec():
-    ss = scenario_from_spec(SingleStreamSpec(type="single-stream", requests=5, warmup=0, min_duration_s=1.5))
-    assert isinstance(ss, SingleStream) and (ss.requests, ss.warmup, ss.min_duration_s) == (5, 0, 1.5)
-    off = scenario_from_spec(OfflineSpec(type="offline", batch_size=4, passes=2, warmup=0))
-    assert isinstance(off, Offline) and (off.batch_size, off.passes, off.warmup) == (4, 2, 0)
-    assert (ss.name, off.name) == ("single-stream", "offline")
+def test_single_stream_keeps_sending_until_its_minimum_duration():
+    clock = Clock()
+    out = make("single-stream", clock, requests=2, warmup=0, min_duration_s=3.0).run(Host(FakeBackend(clock)))
+    (p,) = out.passes
+    assert len(p.records) == 5            # 5 tokens x 1/8 s = 0.625 s a request; 3 s needs 5
+    assert p.end - p.start >= 3.0
 
 
-def test_length_sweep_prompts_have_exact_lengths_and_decode_all_tokens(tiny_lm):
-    from variantlab.backends.torch_backend import TorchBackend
-    from variantlab.measure.scenarios import LengthSweep
+def test_offline_passes_cover_every_sample_once_in_batches():
+    clock = Clock()
+    backend = FakeBackend(clock)
+    out = make("offline", clock, batch_size=4, passes=2, warmup=1).run(Host(backend))
+    assert len(out.passes) == 2
+    for p in out.passes:
+        assert [r.request_id for r in p.records] == [s["id"] for s in SAMPLES]
+    timed = [b for b in backend.batches if b[0].max_new_tokens == 5][1:]   # after the one full warm-up batch
+    assert [len(b) for b in timed] == [4, 4, 2] * 2
 
-    model, tok = tiny_lm
-    backend = TorchBackend(model, tok, "cpu", "t")
-    samples = [{"prompt": "order_id: ORD-1\nQ: What is the order?\nA:"}]
-    (p,) = LengthSweep(lengths=(5, 40), decode_tokens=3, repeats=2, warmup=1).run(backend, samples, 8)
-    assert [r.tokens_in for r in p.records] == [5, 5, 40, 40]
-    assert all(r.tokens_out == 3 for r in p.records)  # stop tokens ignored: every request decodes 3
-    assert [r.request_id for r in p.records] == ["len5-0", "len5-1", "len40-0", "len40-1"]
+
+def test_offline_warms_each_batch_shape_once():
+    clock = Clock()
+    backend = FakeBackend(clock)
+    make("offline", clock, batch_size=4, passes=1, warmup=0).run(Host(backend))
+    short = [b for b in backend.batches if b[0].max_new_tokens == 2]
+    shapes = [(len(b), max(len(r.prompt.split()) for r in b)) for b in short]
+    assert len(shapes) == len(set(shapes)) and set(shapes) == {(4, 6), (2, 4)}   # batches 1 and 2 share a shape
+
+
+def test_offline_sends_one_request_at_a_time_to_a_backend_that_cannot_batch():
+    clock = Clock()
+    backend = FakeBackend(clock, batching=False)
+    out = make("offline", clock, batch_size=4, passes=1, warmup=0).run(Host(backend))
+    assert all(len(b) == 1 for b in backend.batches) and len(out.passes[0].records) == len(SAMPLES)
+
+
+def test_offline_repeats_passes_until_its_minimum_duration():
+    clock = Clock()
+    out = make("offline", clock, batch_size=10, passes=1, warmup=0, min_duration_s=2.0).run(Host(FakeBackend(clock)))
+    assert len(out.passes) == 4           # 0.625 s a pass
+
+
+def test_length_sweep_sends_exact_lengths_with_every_stop_rule_off():
+    clock = Clock()
+    backend = FakeBackend(clock)
+    out = make("length-sweep", clock, lengths=[8, 3], decode_tokens=4, repeats=2, warmup=0).run(Host(backend))
+    recs = out.passes[0].records
+    assert [r.tokens_in for r in recs] == [3, 3, 8, 8]
+    assert all(r.tokens_out == 4 for r in recs)
+    sent = backend.batches[-1][0]
+    assert sent.stop == () and not sent.stop_on_eos
+
+
+def test_length_sweep_refuses_a_backend_without_token_prompts():
+    clock = Clock()
+    with pytest.raises(ValueError, match="token-id prompts"):
+        make("length-sweep", clock, lengths=[4]).run(Host(FakeBackend(clock, token_input=False)))
+
+
+def test_rows_are_labelled_with_their_scenario_and_goodput_needs_an_slo():
+    plain = scenario_tracker(SCENARIO_SPECS["single-stream"](type="single-stream", name="chat"), SETTINGS)
+    assert plain.name == "chat"
+    assert all(d.label.endswith("[chat]") for d in plain.metrics())
+    assert "goodput" not in {d.key for d in plain.metrics()}
+    with_slo = scenario_tracker(SCENARIO_SPECS["single-stream"](type="single-stream"),
+                                WorkloadSettings(5, ("\n",), {"ttft_s": 0.2, "tpot_s": None}))
+    (goodput,) = [d for d in with_slo.metrics() if d.key == "goodput"]
+    assert "TTFT ≤ 0.2 s" in goodput.label
+
+
+def test_goodput_counts_requests_that_meet_every_objective():
+    clock = Clock()
+    sc = scenario_tracker(SCENARIO_SPECS["single-stream"](type="single-stream", requests=4, warmup=0),
+                          WorkloadSettings(5, ("\n",), {"ttft_s": 0.2}))
+    sc = type(sc)(sc.spec, sc.workload, clock)
+    out = sc.run(Host(FakeBackend(clock)))
+    (goodput,) = [d for d in sc.metrics() if d.key == "goodput"]
+    wall = out.passes[0].end - out.passes[0].start
+    assert goodput.samples(out) == [pytest.approx(4 / wall)]   # TTFT 0.125 s <= 0.2 s for all
+
+
+def test_a_scenario_rebuilds_from_its_config_and_its_output_validates():
+    for kind, cls in SCENARIOS.items():
+        t = scenario_tracker(SCENARIO_SPECS[kind](type=kind), SETTINGS)
+        again = cls.from_config(t.config())
+        assert again.spec == t.spec and again.workload == t.workload
+    clock = Clock()
+    out = make("single-stream", clock, requests=2, warmup=0).run(Host(FakeBackend(clock)))
+    assert ScenarioOutput.model_validate_json(out.model_dump_json()) == out

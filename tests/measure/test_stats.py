@@ -1,4 +1,4 @@
-"""Unit tests for bench/stats.py: exact summaries, bootstrap determinism, estimates and deltas."""
+"""Unit tests for measure/stats.py: exact summaries, bootstrap determinism, estimates and deltas."""
 import json
 import math
 
@@ -117,7 +117,13 @@ def test_estimate_handles_empty_and_single_samples():
     assert estimate([], "s") == Estimate(value=None, low=None, high=None, n=0, cv=None, unit="s")
     one = estimate([3.5], "tokens/s")
     assert (one.value, one.low, one.high, one.n, one.cv) == (3.5, None, None, 1, None)
+    assert one.method == "single sample" and estimate([1.0, 2.0], "s").method == "bootstrap"
     assert not one.unstable
+
+
+def test_estimate_new_fields_default_to_one_round():
+    e = Estimate(1.0, 0.9, 1.1, 10, 0.05, "s")
+    assert (e.rounds, e.round_cv, e.problem, e.method) == (1, None, None, "")
 
 
 def test_instability_flag_follows_the_design_threshold():
@@ -133,6 +139,16 @@ def test_estimate_json_round_trip():
     assert back == e and back.unstable
     empty = estimate([], "ms")
     assert Estimate.from_json(json.loads(json.dumps(empty.to_json()))) == empty
+    full = Estimate(2.0, None, None, 80, 0.3, "ms", rounds=5, round_cv=0.12,
+                    problem="too few requests for p99 (80 pooled; 368 needed for a 95% interval)",
+                    method="hierarchical bootstrap (5 rounds)")
+    assert Estimate.from_json(json.loads(json.dumps(full.to_json()))) == full
+
+
+def test_estimate_reads_json_written_before_rounds():
+    old = {"value": 2.0, "low": 1.5, "high": 2.5, "n": 40, "cv": 0.2, "unit": "s"}
+    assert Estimate.from_json(old) == Estimate(2.0, 1.5, 2.5, 40, 0.2, "s", rounds=1,
+                                               round_cv=None, problem=None, method="")
 
 
 # --------------------------------------------------------------------------- deltas
@@ -142,11 +158,19 @@ def test_delta_label():
     assert Delta(-0.5, -2.0, 1.0, False).label() == "-0.5% [-2.0, +1.0] (n.s.)"
     assert Delta(5.0, None, None, None).label() == "+5.0%"
     assert Delta(None, None, None, None).label() == "n/a"
+    # A problem without an interval shows the pct only, never a verdict.
+    assert Delta(30.0, None, None, False, problem="too few requests for p99").label() == "+30.0%"
+    assert Delta(30.0, None, None, None, problem="too few").label() == "+30.0%"
+    assert Delta(-0.5, -2.0, 1.0, False, problem="x").label() == "-0.5% [-2.0, +1.0] (n.s.)"
 
 
 def test_delta_json_round_trip():
     d = Delta(-52.0, -60.1, -40.3, True)
     assert Delta.from_json(json.loads(json.dumps(d.to_json()))) == d
+    full = Delta(12.0, None, None, None, method="pooled", rounds=5, problem="too few")
+    assert Delta.from_json(json.loads(json.dumps(full.to_json()))) == full
+    old = {"pct": 5.0, "low": 1.0, "high": 9.0, "significant": True}
+    assert Delta.from_json(old) == Delta(5.0, 1.0, 9.0, True, method="", rounds=0, problem=None)
 
 
 def test_relative_delta_of_clearly_separated_samples_is_significant():
@@ -174,16 +198,26 @@ def test_relative_delta_of_identical_distributions_is_not_significant():
 
 def test_relative_delta_with_one_sample_or_zero_baseline():
     d = relative_delta([2.0], [3.0, 3.2, 2.8])
-    assert d == Delta(pct=50.0, low=None, high=None, significant=None)
+    assert d == Delta(pct=50.0, low=None, high=None, significant=None, method="single sample")
     assert relative_delta([0.0, 0.0, 0.0], [1.0, 2.0]).pct is None
     assert relative_delta([], [1.0, 2.0]) == Delta(None, None, None, None)  # every run failed
     assert compare([1.0, 2.0], []) == "not comparable"
 
 
-def test_exact_delta():
-    assert exact_delta(100, 50) == Delta(pct=-50.0, low=None, high=None, significant=True)
-    assert exact_delta(0.8, 0.8) == Delta(pct=0.0, low=None, high=None, significant=False)
-    assert exact_delta(0, 5) == Delta(pct=None, low=None, high=None, significant=True)
+def test_exact_delta_is_a_fact_without_a_verdict():
+    # Two deterministic values differ or not; there is nothing to be significant about.
+    assert exact_delta(100, 50) == Delta(pct=-50.0, low=None, high=None, significant=None,
+                                         method="exact")
+    assert exact_delta(0.8, 0.8) == Delta(pct=0.0, low=None, high=None, significant=None,
+                                          method="exact")
+    assert exact_delta(0, 5).pct is None and exact_delta(0, 5).significant is None
+    assert exact_delta(100, 50).label() == "-50.0%"
+
+
+def test_quantile_of_recognises_quantile_statistics():
+    assert stats.quantile_of(stats.median) == 50.0 and stats.quantile_of(np.median) == 50.0
+    assert stats.quantile_of(stats.quantile(99)) == 99.0
+    assert stats.quantile_of(stats.mean) is None
 
 
 def test_compare_says_faster_slower_or_not_significant():

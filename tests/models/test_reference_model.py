@@ -96,16 +96,19 @@ def test_training_report_is_shipped():
 
 
 def test_reference_model_answers_held_out_questions():
-    """Through variantlab's own backend, as `bench` runs it: greedy answers to held-out questions
-    (seed 7, never trained on) mostly match the ground truth, on every task."""
-    from variantlab.backends.torch_backend import TorchBackend
+    """Through variantlab's own engine, as `bench` runs it (one batch, answers end at a newline):
+    greedy answers to held-out questions (seed 7, never trained on) mostly match the ground truth,
+    on every task."""
+    from variantlab.backends.base import GenerationRequest, run_requests
+    from variantlab.backends.torch_engine import TorchEngine
     from variantlab.measure.accuracy import exact_match
     from variantlab.models.loading import load_causal_lm
 
     model, tokenizer = load_causal_lm(MODEL_DIR, torch.float32, "cpu")
-    backend = TorchBackend(model, tokenizer, "cpu", tokenizer_id="reference")
+    engine = TorchEngine(model, tokenizer, "cpu", tokenizer_id="reference")
     samples = generate_samples(96, seed=7)
-    records = backend.generate_batch([s["id"] for s in samples], [s["prompt"] for s in samples], 24)
+    records = run_requests(engine, [GenerationRequest(s["id"], prompt=s["prompt"], max_new_tokens=24, stop=("\n",))
+                                    for s in samples])
     hits: dict[str, list[bool]] = {}
     for sample, record in zip(samples, records):
         hits.setdefault(sample["task"], []).append(exact_match(record.output_text, sample["answer"]))

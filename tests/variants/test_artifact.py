@@ -1,8 +1,9 @@
 """Artifacts (variants/artifact.py): a built variant saved and loaded back is the same model, bit for
 bit, and loading it runs no quantization; variant.json says what it is and what it was built from;
-its model size is the size of model.safetensors on disk."""
+its model size is the size of model.safetensors on disk (w4a8: int4 packed two a byte, however it runs)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from variantlab.models.loading import load_causal_lm
 from variantlab.variants import artifact as art
 from variantlab.variants import quant_linear as ql
 from variantlab.variants import quant_packing as qp
+from variantlab.variants.recipe import resident_bytes
 from variantlab.variants.registry import get_recipe, parse_options
 
 pytestmark = pytest.mark.model
@@ -30,6 +32,8 @@ CASES = {
     "int4-g64": ("int4", {"group_size": 64, "pad_to_group": True}),
     "int4-g32": ("int4", {"group_size": 32}),
     "w4a8-g64": ("w4a8", {"group_size": 64, "pad_to_group": True}),
+    "w4a8-g32": ("w4a8", {"group_size": 32}),
+    "w4a8-python": ("w4a8", {"group_size": 32, "dequant": "python"}),
     "int8-python": ("int8", {"dequant": "python"}),
     "int8-embeddings": ("int8", {"quantize_embeddings": True}),
 }
@@ -42,20 +46,28 @@ def _build(model_dir, recipe_name, options):
     return model, tok, recipe.apply(model, opts, "cpu")
 
 
-def _forbid_quantization(monkeypatch):
-    """From here on, any quantization or packing, or a quant module built the quantizing way, fails."""
+@contextlib.contextmanager
+def _no_quantization():
+    """Within it, any quantization or packing of data, or a quant module built the quantizing way, fails.
+    On meta tensors (shapes only: W4A8 derives its stored names and shapes so) they run. Outside,
+    `state_dict()` may pack: W4A8 stores its int4 values two a byte; loading only unpacks."""
     def forbidden(*args, **kwargs):
         raise AssertionError("quantization ran while loading an artifact")
-    for fn in ("quantize_int8_per_channel", "quantize_int4_groupwise", "pack_int4_for_cpu", "pack_nibbles",
-               "scales_and_zeros"):
-        monkeypatch.setattr(qp, fn, forbidden)
-    for cls in (ql.Int8WeightOnly, ql.W8A8, ql.Int4WeightOnly, ql.W4A8):
-        monkeypatch.setattr(cls, "__init__", forbidden)
 
+    def on_meta_only(fn):
+        def check(*args, **kwargs):
+            if any(isinstance(a, torch.Tensor) and not a.is_meta for a in (*args, *kwargs.values())):
+                forbidden()
+            return fn(*args, **kwargs)
+        return check
 
-@pytest.fixture
-def no_quantization(monkeypatch):
-    _forbid_quantization(monkeypatch)
+    with pytest.MonkeyPatch.context() as mp:
+        for fn in ("quantize_int8_per_channel", "quantize_int4_groupwise", "pack_int4_for_cpu", "pack_nibbles",
+                   "scales_and_zeros"):
+            mp.setattr(qp, fn, on_meta_only(getattr(qp, fn)))
+        for cls in (ql.Int8WeightOnly, ql.W8A8, ql.Int4WeightOnly, ql.W4A8):
+            mp.setattr(cls, "__init__", forbidden)
+        yield
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -76,9 +88,10 @@ def _outputs(model):
         return [model(torch.randint(3, vocab, shape, generator=gen)).logits for shape in ((1, 1), (3, 9))]
 
 
-def test_reloaded_artifact_is_bit_identical_and_never_quantizes(round_trip, no_quantization):
+def test_reloaded_artifact_is_bit_identical_and_never_quantizes(round_trip):
     case, model, _, out, _ = round_trip
-    loaded, tok, _ = art.load_artifact(out, "cpu")
+    with _no_quantization():
+        loaded, tok, _ = art.load_artifact(out, "cpu")
     for a, b in zip(_outputs(model), _outputs(loaded)):
         assert a.dtype == b.dtype and torch.equal(a, b), case
     mine, theirs = model.state_dict(), loaded.state_dict()
@@ -91,14 +104,14 @@ def test_reloaded_artifact_is_bit_identical_and_never_quantizes(round_trip, no_q
         if isinstance(m, ql.QuantLinear):
             assert (other.kernel, other.notes, other.path, other.dtype) == (m.kernel, m.notes, m.path, m.dtype)
     buffers = dict(loaded.named_buffers())
-    for name, b in model.named_buffers():  # including the unsaved rotary inv_freq
+    for name, b in model.named_buffers():  # as they run (w4a8: unpacked), and the unsaved rotary inv_freq
         assert b.dtype == buffers[name].dtype and torch.equal(b, buffers[name]), name
     assert not loaded.training and tok.pad_token_id is not None
 
 
 def test_size_on_disk_is_the_model_size(round_trip):
     case, _, facts, out, meta = round_trip
-    _, _, loaded_facts = art.load_artifact(out, "cpu")
+    loaded, _, loaded_facts = art.load_artifact(out, "cpu")
     disk = (out / "model.safetensors").stat().st_size
     assert loaded_facts.weight_bytes == disk == loaded_facts.extra["artifact_bytes_on_disk"]
     assert meta["weights"]["bytes_on_disk"] == disk
@@ -107,6 +120,63 @@ def test_size_on_disk_is_the_model_size(round_trip):
     assert 8 < disk - facts.weight_bytes < 16_384 and (disk - facts.weight_bytes) % 64 == 0
     assert loaded_facts.bits_per_weight == facts.bits_per_weight
     assert loaded_facts.kernels == facts.kernels and loaded_facts.recipe == facts.recipe
+    # in memory: what the build held, and what the loaded model holds
+    assert loaded_facts.extra["resident_bytes"] == facts.extra["resident_bytes"] == resident_bytes(loaded)
+    if case in ("w4a8-g64", "w4a8-g32"):  # the kernel reads its int4 values unpacked as int8
+        assert facts.extra["resident_bytes"] > facts.weight_bytes
+    else:
+        assert facts.extra["resident_bytes"] == facts.weight_bytes
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_w4a8_artifact_stores_four_bits_a_weight(tiny_model_dir, tmp_path, group_size):
+    """model.safetensors holds, per w4a8 layer, nibbles [N, K'/2] + bf16 scales and zeros [N, K'/gs]
+    (K' = in_features padded to the group): exactly 4 + 32/group_size bits a weight; the rest in bf16."""
+    from safetensors import safe_open
+    options = {"group_size": group_size, "pad_to_group": group_size > 32}  # the conftest model is 32 wide
+    model, tok, facts = _build(tiny_model_dir, "w4a8", options)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, ql.W4A8)}
+    assert len(layers) == 14
+    expected, weights, tensors = 0, 0, {}
+    for name, m in layers.items():
+        n, kp = m.out_features, m.in_features + m.k_pad
+        tensors |= {f"{name}.qpacked": ("U8", [n, kp // 2]), f"{name}.scales": ("BF16", [n, kp // group_size]),
+                    f"{name}.zeros": ("BF16", [n, kp // group_size])}
+        expected += n * kp // 2 + 2 * 2 * n * (kp // group_size)
+        weights += n * kp
+    if group_size == 32:  # unpadded
+        assert 8 * expected / weights == 4 + 32 / group_size
+    rest = {k: t for k, t in model.state_dict().items() if k.rpartition(".")[0] not in layers}
+    assert all(t.dtype == torch.bfloat16 for t in rest.values())
+    expected += sum(2 * t.numel() for t in rest.values())
+
+    out = tmp_path / "w4a8"
+    meta = art.save_artifact(model, tok, facts, "w4a8", options, tiny_model_dir, out)
+    raw = (out / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    for key, (dtype, shape) in tensors.items():
+        assert (header[key]["dtype"], header[key]["shape"]) == (dtype, shape), key
+    assert meta["weights"]["tensor_bytes"] == facts.weight_bytes == expected
+    assert len(raw) == 8 + int.from_bytes(raw[:8], "little") + expected
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert not any(k.endswith(".qweight") for k in f.keys())
+    unpacks = []
+    unpack = qp.unpack_nibbles
+
+    def counted(p):
+        unpacks.extend([] if p.is_meta else [p.shape])
+        return unpack(p)
+
+    with _no_quantization(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qp, "unpack_nibbles", counted)
+        loaded, _, loaded_facts = art.load_artifact(out, "cpu")
+    assert len(unpacks) == len(layers)  # once per layer: from_state only shapes the module (meta)
+    for a, b in zip(_outputs(model), _outputs(loaded)):
+        assert torch.equal(a, b)
+    for name, m in layers.items():  # resident: unpacked at load, as built
+        assert torch.equal(loaded.get_submodule(name).qweight, m.qweight) and m.qweight.dtype == torch.int8
+    unpacked = sum(m.out_features * (m.in_features + m.k_pad) // 2 for m in layers.values())
+    assert resident_bytes(loaded) == loaded_facts.extra["resident_bytes"] == expected + unpacked
 
 
 def test_variant_json_says_what_was_built_and_from_what(tiny_model_dir, round_trip):
@@ -194,7 +264,7 @@ def test_tied_tensors_are_stored_once_and_tied_again(tiny_model_dir, tmp_path, r
     assert loaded_facts.extra["state_bytes"] == facts.weight_bytes == meta["weights"]["tensor_bytes"]
 
 
-def test_a_mix_of_quant_modules_and_linears_round_trips(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_mix_of_quant_modules_and_linears_round_trips(tiny_model_dir, tmp_path):
     """What a mixed-precision recipe builds: int4, int8 and bf16 nn.Linear layers side by side."""
     model, tok = load_causal_lm(tiny_model_dir, torch.bfloat16, "cpu")
     layer = model.model.layers[0]
@@ -202,15 +272,16 @@ def test_a_mix_of_quant_modules_and_linears_round_trips(tiny_model_dir, tmp_path
         layer.self_attn.q_proj = ql.Int4WeightOnly(layer.self_attn.q_proj, torch.bfloat16, group_size=32)
         layer.mlp.down_proj = ql.Int8WeightOnly(layer.mlp.down_proj, torch.bfloat16)
         layer.mlp.up_proj = ql.W4A8(layer.mlp.up_proj, torch.bfloat16, "python", group_size=32)
+        layer.mlp.gate_proj = ql.W4A8(layer.mlp.gate_proj, torch.bfloat16, "kernel", group_size=32)
     facts = {"recipe": "mixed", "dtype": "bf16", "parameters": 1, "weight_bytes": 1, "bits_per_weight": 8.0}
     out = tmp_path / "mixed"
     meta = art.save_artifact(model, tok, facts, "mixed", {}, tiny_model_dir, out)
-    assert sorted(meta["modules"]) == ["model.layers.0.mlp.down_proj", "model.layers.0.mlp.up_proj",
-                                       "model.layers.0.self_attn.q_proj"]
-    _forbid_quantization(monkeypatch)
-    loaded, _, _ = art.load_artifact(out, "cpu")
-    assert type(loaded.model.layers[0].mlp.gate_proj) is nn.Linear
-    assert loaded.model.layers[0].mlp.gate_proj.weight.dtype == torch.bfloat16
+    assert sorted(meta["modules"]) == ["model.layers.0.mlp.down_proj", "model.layers.0.mlp.gate_proj",
+                                       "model.layers.0.mlp.up_proj", "model.layers.0.self_attn.q_proj"]
+    with _no_quantization():
+        loaded, _, _ = art.load_artifact(out, "cpu")
+    assert type(loaded.model.layers[0].self_attn.k_proj) is nn.Linear
+    assert loaded.model.layers[0].self_attn.k_proj.weight.dtype == torch.bfloat16
     for a, b in zip(_outputs(model), _outputs(loaded)):
         assert torch.equal(a, b)
 

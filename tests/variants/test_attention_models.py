@@ -4,9 +4,9 @@
 - sliding with a window as long as the sequence is full attention; with a shorter one it computes
   what Mistral's own sliding window computes.
 - every variant decodes (prefill, then one token at a time with past_key_values, as
-  backends/torch_backend.py does) the logits its own full prefill gives at the same positions, also in
-  left-padded batches with an attention mask and position ids, and TorchBackend's generate_batch
-  equals generate for every variant.
+  backends/torch_engine.py does) the logits its own full prefill gives at the same positions, also in
+  left-padded batches with an attention mask and position ids, and TorchEngine gives each request of
+  a batch what it gives that request alone, for every variant.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_sliding_on_llama_computes_what_mistral_own_window_computes():
 # ------------------------------------------------------------------------------------ decode == prefill
 
 def cached_loop(model, ids, prefill: int, mask=None):
-    """torch_backend's loop, teacher-forced: prefill `prefill` tokens, then one token per forward."""
+    """torch_engine's loop, teacher-forced: prefill `prefill` tokens, then one token per forward."""
     cache = DynamicCache()
     kw = {}
     if mask is not None:
@@ -154,22 +154,26 @@ PROMPTS = ["Q: hi\nA:", "a: 1\nQ: What is the a?\nA:",
 
 @pytest.mark.parametrize("spec,options", [("sdpa", {}), ("gqa:1", {}), ("sliding:4", {}),
                                           ("linear", {"linear_chunk": 4})], ids=["sdpa", "gqa1", "sliding4", "linear"])
-def test_backend_generate_batch_equals_generate(tiny_lm, spec, options):
-    from variantlab.backends.torch_backend import TorchBackend
+def test_engine_batch_equals_one_at_a_time(tiny_lm, spec, options):
+    from variantlab.backends.base import GenerationRequest, run_requests
+    from variantlab.backends.torch_engine import TorchEngine
     model, tok = tiny_lm
-    backend = TorchBackend(converted(model, spec, options), tok, "cpu", "tok")
-    singles = [backend.generate(f"r{i}", p, 12) for i, p in enumerate(PROMPTS)]
-    batch = backend.generate_batch([f"r{i}" for i in range(len(PROMPTS))], PROMPTS, 12)
+    engine = TorchEngine(converted(model, spec, options), tok, "cpu", "tok")
+    requests = [GenerationRequest(f"r{i}", prompt=p, max_new_tokens=12, stop=("\n",)) for i, p in enumerate(PROMPTS)]
+    singles = [run_requests(engine, [r])[0] for r in requests]
+    batch = run_requests(engine, requests)
     for s, b in zip(singles, batch):
-        assert (b.tokens_out, b.output_text, b.tokens_in) == (s.tokens_out, s.output_text, s.tokens_in)
-    # and generate equals greedy decoding without a cache (the whole sequence each step)
+        assert (b.token_ids, b.output_text, b.tokens_in, b.finish_reason) == \
+            (s.token_ids, s.output_text, s.tokens_in, s.finish_reason)
+    # and the engine equals greedy decoding without a cache (the whole sequence each step)
     ids = tok(PROMPTS[2], return_tensors="pt").input_ids
     out = []
     for _ in range(singles[2].tokens_out):
-        nxt = int(logits(backend.model, ids)[0, -1].argmax())
+        nxt = int(logits(engine.model, ids)[0, -1].argmax())
         out.append(nxt)
         ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-    assert singles[2].output_text == tok.decode(out, skip_special_tokens=True).split("\n", 1)[0]
+    assert list(singles[2].token_ids) == out
+    assert singles[2].output_text == tok.decode(out, skip_special_tokens=True).split("\n", 1)[0].strip()
 
 
 @pytest.mark.parametrize("spec", ["gqa:1", "linear", "sliding:4"])

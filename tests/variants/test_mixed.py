@@ -2,6 +2,8 @@
 plan it builds on tiny models: within budget, monotonic in the budget, the extremes, the facts."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -92,43 +94,46 @@ def test_prediction_is_the_longest_prefix_within_budget():
     assert mixed.predicted_prefix(steps8, SENS, (8, 4), 0.06) == 1
 
 
-def _fake_model(factor):
-    """(plan, put, kld) over SENS: the 'measured' KLD is factor(plan) × the sum of the layers' sensitivities."""
-    plan = {n: 16 for n in SENS}
-    put = plan.__setitem__
-    kld = lambda: factor(plan) * sum(0.0 if b == 16 else SENS[n][b] for n, b in plan.items())  # noqa: E731
-    return plan, put, kld
+def _measure(kld_of):
+    """A fake model over 168 steps (a 150M-parameter Llama's count): measure(k) = kld_of(k), counted."""
+    calls = []
+
+    def measure(k):
+        calls.append(k)
+        return kld_of(k)
+    return measure, calls
 
 
-def test_walk_backs_off_when_the_measurement_is_worse_than_predicted():
-    steps = mixed.order_steps(SENS, BYTES, (16, 8, 4))
-    plan, put, kld = _fake_model(lambda plan: 2.0)  # super-additive
-    taken, measured, passes = mixed._walk(steps, 3, 0.0051, put, kld)  # predicted: 3 steps, 0.005
-    assert (taken, passes) == (1, 3) and measured == pytest.approx(0.002)  # 0.010 and 0.006 undone
-    assert plan == {"a": 8, "b": 16, "c": 16}
+@pytest.mark.parametrize("budget", [1e-5, 0.01, 0.05, 0.1675, 0.168, 0.2, 10.0])
+def test_bisection_finds_the_longest_fitting_prefix_in_log_passes_when_kld_grows_along_the_order(budget):
+    measure, calls = _measure(lambda k: k / 1000)
+    taken, measured, probes = mixed.bisect_prefix(168, budget, measure, at_zero=0.0)
+    assert taken == min(168, int(budget * 1000 + 1e-9)) and measured == taken / 1000
+    assert len(calls) == len(probes) <= 8 == math.ceil(math.log2(168 + 1))  # the old walk: up to 168
+    assert 0 not in calls  # prefix 0 is the original: known, not measured
 
 
-def test_walk_walks_on_when_the_measurement_is_better_than_predicted():
-    steps = mixed.order_steps(SENS, BYTES, (16, 8, 4))
-    plan, put, kld = _fake_model(lambda plan: 0.5)  # sub-additive
-    taken, measured, passes = mixed._walk(steps, 3, 0.03, put, kld)  # predicted 3: 0.0025 measured
-    assert (taken, passes) == (4, 3) and measured == pytest.approx(0.0275)  # step 5 (0.0325) undone
-    assert plan == {"a": 8, "b": 4, "c": 8}
+def test_bisection_measures_prefix_zero_when_it_is_not_the_original():
+    measure, calls = _measure(lambda k: 0.5 + k)
+    assert mixed.bisect_prefix(10, 0.1, measure) == (0, 0.5, [(0, 0.5)])  # does not fit: the caller refuses
+    measure, calls = _measure(lambda k: 0.5 + k)
+    taken, measured, probes = mixed.bisect_prefix(10, 2.7, measure)
+    assert (taken, measured) == (2, 2.5) and calls[0] == 0 and len(calls) <= 1 + math.ceil(math.log2(11))
 
 
-def test_walk_is_monotonic_in_the_budget_whatever_the_measurements():
+def test_bisection_is_monotonic_in_the_budget_and_keeps_only_measured_fits_whatever_the_measurements():
     import random
-    noisy = lambda plan: random.Random(str(sorted(plan.items()))).uniform(0.2, 3.0)  # noqa: E731
-    steps = mixed.order_steps(SENS, BYTES, (16, 8, 4))
-    sizes = []
+    noisy = lambda k: k / 1000 * random.Random(k).uniform(0.3, 3.0) if k % 7 else math.nan  # noqa: E731
+    taken_by_budget = []
     for budget in [1e-4 * 1.5 ** i for i in range(25)]:
-        plan, put, kld = _fake_model(noisy)
-        predicted = mixed.predicted_prefix(steps, SENS, (16, 8, 4), budget)
-        taken, measured, _ = mixed._walk(steps, predicted, budget, put, kld)
-        assert measured <= budget or taken == 0
-        assert measured == pytest.approx(kld())  # the state left is the state measured
-        sizes.append(sum(BYTES[n][b] for n, b in plan.items()))
-    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
+        measure, calls = _measure(noisy)
+        taken, measured, probes = mixed.bisect_prefix(168, budget, measure, at_zero=0.0)
+        assert len(calls) <= 8 and measured <= budget
+        assert taken == 0 or (taken, measured) in probes  # the answer was measured, not predicted
+        longer = [k for k, v in probes if k > taken]
+        assert taken == 168 or min(longer) == taken + 1  # confirmed: one step more was measured not to fit
+        taken_by_budget.append(taken)
+    assert taken_by_budget == sorted(taken_by_budget) and taken_by_budget[0] < taken_by_budget[-1]
 
 
 # --- on the conftest model --------------------------------------------------------------------
@@ -189,7 +194,10 @@ def test_plan_covers_every_decoder_linear_and_is_what_was_built(built, budget):
     assert len(set(facts.kernels)) == len(facts.kernels)
     assert facts.extra["calibration_seconds"] > 0 and facts.extra["calibration_samples"] == 4
     search = facts.extra["search"]
-    assert search["steps"] == 28 and 0 <= search["taken"] <= 28 and search["passes"] >= 1
+    assert search["steps"] == 28 and 0 <= search["taken"] <= 28
+    assert 1 <= search["passes"] == len(search["probes"]) <= math.ceil(math.log2(28 + 1))
+    taken_kld = [kld for k, kld in search["probes"] if k == search["taken"]]
+    assert taken_kld == ([facts.extra["final_kld"]] if search["taken"] else [])
 
 
 @pytest.mark.model
@@ -212,48 +220,128 @@ def test_bytes_and_bits_per_weight_follow_the_plan(built, budget):
     assert facts.bits_per_weight == pytest.approx(8 * expected / params)
 
 
+def _kld_on_calibration(model, path, options, context=None):
+    """The KLD of `model` against a freshly loaded original, on the recipe's calibration text."""
+    from variantlab.models.loading import load_causal_lm
+    from variantlab.variants.recipe import BuildContext, cast_parameters
+    ref_model, _ = load_causal_lm(path, torch.bfloat16, "cpu")
+    cast_parameters(ref_model, torch.bfloat16)  # as the bf16 recipe and apply do (RoPE's inv_freq stays fp32)
+    calib = mixed._calibration(ref_model, options, context or BuildContext())
+    with torch.no_grad():
+        ref = torch.cat([mixed._logprobs(ref_model, b) for b in calib.batches])
+        var = torch.cat([mixed._logprobs(model, b) for b in calib.batches])
+    return mixed._kld(ref, var)
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_reported_kld_is_the_kld_of_the_returned_model(built, tiny_model_dir, budget):
-    from variantlab.models.loading import load_causal_lm
-    from variantlab.variants.recipe import cast_parameters
-    ref_model, _ = load_causal_lm(tiny_model_dir, torch.bfloat16, "cpu")
-    cast_parameters(ref_model, torch.bfloat16)  # as the bf16 recipe and apply do (RoPE's inv_freq stays fp32)
     model, facts = built[budget]
-    batch = mixed._calibration_batch(ref_model, _options())
+    assert _kld_on_calibration(model, tiny_model_dir, _options()) == pytest.approx(facts.extra["final_kld"], rel=1e-6)
+
+
+@pytest.mark.model
+def test_suffix_runs_measure_what_full_passes_measure(tiny_model_dir):
+    """The fast sensitivity (decoder layers below replay their captured outputs) against the naive
+    one (a full forward per layer and width), over several batches, on every linear of both layers."""
+    from variantlab.models.loading import load_causal_lm
+    from variantlab.variants.recipe import BuildContext, cast_parameters
+    opts = _options(calibration_samples=6, sensitivity_samples=6)  # batches of 4 + 2
+    model, _ = load_causal_lm(tiny_model_dir, torch.bfloat16, "cpu")
+    cast_parameters(model, torch.bfloat16)
+    layers = {n: model.get_submodule(n) for n in _decoder_linears(model)}
+    build = lambda n, b: mixed._build(layers[n], b, torch.bfloat16, opts)  # noqa: E731
+    calib = mixed._calibration(model, opts, BuildContext())
     with torch.no_grad():
-        ref, var = mixed._logprobs(ref_model, batch), mixed._logprobs(model, batch)
-    assert mixed._kld(ref, var) == pytest.approx(facts.extra["final_kld"], rel=1e-6)
+        probe = mixed._Probe(model, layers, calib.batches, calib.sensitivity_batches)
+        fast, fast_bytes = mixed._sensitivities(model, layers, build, probe.sensitivity, opts.candidates)
+        naive, naive_bytes = mixed._sensitivities(model, layers, build, lambda name: probe.kld(), opts.candidates)
+    assert len(calib.batches) == calib.sensitivity_batches == 2
+    assert fast_bytes == naive_bytes and set(fast) == set(naive) == set(layers)
+    for name in layers:
+        assert fast[name] == pytest.approx(naive[name], rel=1e-9, abs=1e-15)
+    assert probe.runs == 28 and probe.layers_run == 14 * 2 + 14 * 1  # layer 1's runs skip layer 0
+    assert all(type(layer).__name__ == "LlamaDecoderLayer" for layer in probe.stack)  # replays removed
 
 
 @pytest.mark.model
-def test_an_optimistic_prediction_is_backed_off_until_the_measurement_fits(tiny_model_dir, monkeypatch, built):
-    monkeypatch.setattr(mixed, "predicted_prefix", lambda steps, *a: len(steps))  # predict "all at 4"
-    budget = 1e-2
-    model, facts = _build(tiny_model_dir, max_kld=budget)
-    search = facts.extra["search"]
-    assert search["predicted"] == search["steps"] == 28 and search["passes"] > 1
-    assert search["taken"] == 28 - (search["passes"] - 1) or search["taken"] == 0
-    assert facts.extra["final_kld"] <= budget
-    # it undoes the last steps of the same order, so it stops at least as far along as the normal walk
-    assert facts.bits_per_weight <= built[budget][1].bits_per_weight
-
-
-@pytest.mark.model
-@pytest.mark.parametrize("budget", [1e-2, 1e9])
-def test_a_cautious_prediction_is_walked_on_while_the_measurement_fits(tiny_model_dir, monkeypatch, budget):
-    monkeypatch.setattr(mixed, "predicted_prefix", lambda *a: 0)  # predict "nothing fits"
-    model, facts = _build(tiny_model_dir, max_kld=budget)
-    search = facts.extra["search"]
-    assert search["predicted"] == 0 and search["taken"] > 0 and facts.extra["final_kld"] <= budget
-    if budget == 1e9:
-        assert set(facts.extra["plan"].values()) == {4} and search["passes"] == 29
+def test_search_costs_o_log_steps_full_passes_counted_at_the_forward(tiny_model_dir, monkeypatch):
+    """Every forward the recipe makes goes through _logprobs: count them and check the reported cost."""
+    calls = []
+    real = mixed._logprobs
+    monkeypatch.setattr(mixed, "_logprobs", lambda model, batch: (calls.append(batch.samples), real(model, batch))[1])
+    model, facts = _build(tiny_model_dir, max_kld=1e-2, calibration_samples=6, sensitivity_samples=2)
+    cost, search = facts.extra["cost"], facts.extra["search"]
+    full = [2, 4]  # texts per batch: the 2 sensitivity texts, then the rest
+    assert calls[:2] == full and len(calls) == 2 * cost["passes"] + cost["suffix_runs"]
+    assert calls[2:2 + cost["suffix_runs"]] == [2] * 28 and calls[2 + 28:] == full * search["passes"]
+    assert cost["passes"] == 1 + search["passes"] and search["passes"] <= math.ceil(math.log2(28 + 1))
+    assert cost["suffix_layers"] == 42 and cost["decoder_layers"] == 2
+    assert all(cost[k] >= 0 for k in ("capture_seconds", "sensitivity_seconds", "search_seconds"))
+    assert facts.extra["sensitivity_samples"] == 2 and facts.extra["calibration_samples"] == 6
 
 
 @pytest.mark.model
 def test_a_budget_the_narrowest_candidates_cannot_meet_is_an_error(tiny_model_dir):
     with pytest.raises(RecipeError, match="cannot meet max_kld 1e-09.*every layer at 8 bits"):
         _build(tiny_model_dir, max_kld=1e-9, candidates=[4, 8])
+
+
+# --- calibration text and tokenizer from the build context -----------------------------------
+
+TEXTS_A = ('order_id: ORD-5493\ncustomer: Priya Nguyen\nstatus: pending\nQ: What is the status?\nA: pending',
+           '[{"invoice":"INV-65887","paid":"yes"}]\nQ: How many invoices have paid yes?\nA: 1',
+           'hello world\nQ: what A: 42', 'status: shipped\nQ: status?\nA: shipped', 'x')
+TEXTS_B = tuple(" ".join(["the quick brown fox jumps over the lazy dog"] * (i + 1)) for i in range(4))
+
+
+def _build_with(path, context, **options):
+    from variantlab.models.loading import load_causal_lm
+    opts = _options(**options)
+    model, _ = load_causal_lm(path, RECIPE.load_dtype(opts), "cpu")
+    return model, RECIPE.apply(model, opts, "cpu", context)
+
+
+@pytest.mark.model
+def test_calibrates_on_the_given_texts_and_says_so(tiny_model_dir, monkeypatch):
+    from variantlab.data import structured
+    from variantlab.variants.recipe import BuildContext
+    monkeypatch.setattr(structured, "generate_samples", lambda *a, **k: pytest.fail("the generator was used"))
+    tok = _tokenizer_of(tiny_model_dir)
+    facts = {name: _build_with(tiny_model_dir, BuildContext(tok, texts), max_kld=1e-2)[1]
+             for name, texts in (("a", TEXTS_A), ("b", TEXTS_B))}
+    for f in facts.values():
+        assert f.extra["calibration_source"] == "context" and f.extra["calibration_seed"] is None
+        assert f.extra["calibration_samples"] == 4  # the first calibration_samples texts
+        assert not any("generator" in note for note in f.notes) and "(context)" in f.notes[-2]
+    assert facts["a"].extra["sensitivities"] != facts["b"].extra["sensitivities"]
+
+
+@pytest.mark.model
+def test_reported_kld_is_on_the_given_texts(tiny_model_dir):
+    from variantlab.variants.recipe import BuildContext
+    context = BuildContext(_tokenizer_of(tiny_model_dir), TEXTS_B)
+    model, facts = _build_with(tiny_model_dir, context, max_kld=1e-3)
+    assert _kld_on_calibration(model, tiny_model_dir, _options(), context) == \
+        pytest.approx(facts.extra["final_kld"], rel=1e-6)
+    assert _kld_on_calibration(model, tiny_model_dir, _options()) != pytest.approx(facts.extra["final_kld"])
+
+
+@pytest.mark.model
+def test_without_texts_it_falls_back_to_the_generator_and_says_so(built):
+    facts = built[1e-2][1]
+    assert facts.extra["calibration_source"] == "generator" and facts.extra["calibration_seed"] == 1234
+    assert any("no calibration texts were given" in note for note in facts.notes)
+
+
+@pytest.mark.model
+def test_uses_the_given_tokenizer_when_the_model_has_no_directory(tiny_model_dir):
+    from variantlab.models.loading import load_causal_lm
+    from variantlab.variants.recipe import BuildContext
+    model, tok = load_causal_lm(tiny_model_dir, torch.bfloat16, "cpu")
+    model.name_or_path = ""
+    facts = RECIPE.apply(model, _options(max_kld=1e-2), "cpu", BuildContext(tokenizer=tok))
+    assert facts.extra["final_kld"] <= 1e-2 and facts.extra["calibration_source"] == "generator"
 
 
 def test_a_model_without_its_tokenizer_is_refused():
@@ -264,15 +352,34 @@ def test_a_model_without_its_tokenizer_is_refused():
         RECIPE.apply(LlamaForCausalLM(cfg).eval(), _options(), "cpu")
 
 
+@pytest.mark.model
+def test_calibration_texts_too_short_to_score_are_refused(tiny_model_dir):
+    from variantlab.variants.recipe import BuildContext
+    tok = _tokenizer_of(tiny_model_dir)
+    assert len(tok("").input_ids) == 1  # <s> alone: no next token to score
+    with pytest.raises(RecipeError, match="two tokens"):
+        _build_with(tiny_model_dir, BuildContext(tok, ("", "")))
+
+
+def _tokenizer_of(path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 # --- the shipped reference model --------------------------------------------------------------
 
 @pytest.mark.model
-@pytest.mark.parametrize("budget", [0.01, 1e-4])  # the default, and one tight enough to mix widths
-def test_meets_its_budget_on_the_reference_model(budget):
+def test_meets_its_budget_on_the_reference_model_for_several_budgets():
     from variantlab.models.loading import resolve_model_path
-    model, facts = _build(resolve_model_path("builtin:tiny-structured"), max_kld=budget, group_size=64,
-                          calibration_samples=2)
-    assert facts.extra["final_kld"] <= budget
-    plan = facts.extra["plan"]
-    assert set(plan) == set(_decoder_linears(model)) and len(plan) == 28
-    assert 4.5 < facts.bits_per_weight <= 16.0
+    path = resolve_model_path("builtin:tiny-structured")
+    results = {b: _build(path, max_kld=b, group_size=64, calibration_samples=4) for b in (1e-4, 3e-4, 1e-3, 1e-2)}
+    for budget, (model, facts) in results.items():
+        assert facts.extra["final_kld"] <= budget
+        assert _kld_on_calibration(model, path, _options(group_size=64, calibration_samples=4)) == \
+            pytest.approx(facts.extra["final_kld"], rel=1e-6)
+        plan = facts.extra["plan"]
+        assert set(plan) == set(_decoder_linears(model)) and len(plan) == 28
+        assert 4.5 < facts.bits_per_weight <= 16.0
+        assert facts.extra["search"]["passes"] <= math.ceil(math.log2(56 + 1))
+    bits = [facts.bits_per_weight for _, facts in results.values()]
+    assert bits == sorted(bits, reverse=True) and bits[0] > bits[-1]

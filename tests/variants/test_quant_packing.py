@@ -83,6 +83,15 @@ def test_nibble_packing_round_trips():
     assert torch.equal(qp.unpack_nibbles(p), q)
 
 
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_group_major_int4_layout_round_trips(group_size):
+    q = torch.randint(0, 16, (24, 256), dtype=torch.uint8)
+    qg = qp.int4_group_major(q, group_size)
+    assert qg.shape == (256 // group_size, 24, group_size) and qg.dtype == torch.int8 and qg.is_contiguous()
+    assert torch.equal(qg[1, 5], q[5, group_size:2 * group_size].to(torch.int8) - 8)  # group g of row n, centred
+    assert torch.equal(qp.int4_from_group_major(qg), q)
+
+
 def test_prune_2_4_keeps_the_two_largest_of_every_four():
     w = torch.randn(8, 64)
     p = qp.prune_2_4(w)
@@ -179,9 +188,62 @@ def test_in_features_padded_to_the_group_size(cls, path):
     torch.testing.assert_close(mod(x), other(x), rtol=1e-4, atol=1e-4)
 
 
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def test_int4_kernel_path_stores_four_bits_plus_scales():
     lin = _linear(k=256, n=64, bias=False)
     mod = ql.Int4WeightOnly(lin, torch.bfloat16, "kernel", group_size=64)
-    nbytes = sum(t.numel() * t.element_size() for t in mod.state_dict().values())
+    nbytes = _nbytes(mod.state_dict().values())
     assert nbytes == 64 * 256 // 2 + (256 // 64) * 64 * 2 * 2  # packed nibbles + bf16 scale and zero per group
     assert 8 * nbytes / (64 * 256) == 4.5
+    assert _nbytes(mod.buffers()) == nbytes  # aten's layout is packed as it runs: resident = stored
+    assert set(mod.state_dict()) == {"packed", "scales_and_zeros"}
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_w4a8_stores_four_bits_and_holds_eight(group_size):
+    """Stored (state_dict): nibbles + scales and zeros, the python path's very tensors. Resident: int8."""
+    n, k = 64, 256
+    lin = _linear(k=k, n=n, bias=False)
+    mod = ql.W4A8(lin, torch.bfloat16, "kernel", group_size=group_size)
+    stored = mod.state_dict()
+    per_group = (k // group_size) * n * 2 * 2  # bf16 scale and zero per group
+    assert _nbytes(stored.values()) == n * k // 2 + per_group
+    assert 8 * _nbytes(stored.values()) / (n * k) == 4 + 32 / group_size
+    assert _nbytes(mod.buffers()) == n * k + per_group
+    reference = ql.W4A8(lin, torch.bfloat16, "python", group_size=group_size).state_dict()
+    assert stored.keys() == reference.keys() == {"qpacked", "scales", "zeros"}
+    for name, t in reference.items():
+        assert stored[name].dtype == t.dtype and torch.equal(stored[name], t), name
+
+
+@pytest.mark.parametrize("path", ["kernel", "python"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_w4a8_loads_its_stored_form_back_bit_identical(path, bias):
+    """from_state on meta tensors (the shapes), then load_state_dict(assign=True): what load_artifact does."""
+    lin = _linear(k=200, n=40, bias=bias)  # padded K: 200 → 256
+    mod = ql.W4A8(lin, torch.bfloat16, path, group_size=64)
+    stored = mod.state_dict()
+    back = ql.W4A8.from_state(mod.state(), {k: t.to("meta") for k, t in stored.items()})
+    result = back.load_state_dict(stored, assign=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert not any(b.is_meta for b in back.buffers())
+    mine, theirs = dict(mod.named_buffers()), dict(back.named_buffers())
+    assert mine.keys() == theirs.keys()
+    for name, b in mine.items():
+        assert b.dtype == theirs[name].dtype and torch.equal(b, theirs[name]), name
+    x = torch.randn(5, 200, dtype=torch.bfloat16)
+    assert torch.equal(mod(x), back(x))
+    direct = ql.W4A8.from_state(mod.state(), stored)  # real tensors: usable at once
+    assert torch.equal(mod(x), direct(x))
+
+
+def test_w4a8_load_of_an_incomplete_state_names_what_is_missing():
+    mod = ql.W4A8(_linear(bias=False), torch.bfloat16, "kernel", group_size=64)
+    stored = mod.state_dict()
+    del stored["qpacked"]
+    with pytest.raises(RuntimeError, match='Missing key.*"qpacked"') as e:
+        mod.load_state_dict(stored)
+    assert "qweight" not in str(e.value) and "size mismatch" not in str(e.value)

@@ -95,7 +95,7 @@ def _expected_bytes(model, per_linear):
     ("int8", lambda n, k: n * k + 2 * n),                       # int8 weight + bf16 scale per row
     ("w8a8", lambda n, k: n * k + 2 * n),
     ("int4", lambda n, k: n * k // 2 + 2 * 2 * n * (k // 64)),  # nibbles + bf16 scale and zero per group
-    ("w4a8", lambda n, k: n * k + 2 * 2 * n * (k // 64)),       # held unpacked as int8 (see notes)
+    ("w4a8", lambda n, k: n * k // 2 + 2 * 2 * n * (k // 64)),  # stored packed too (resident: int8)
 ])
 def test_facts_report_stored_bytes_and_bits_per_weight(llama, name, per_linear):
     params, q_params, q_bytes, total = _expected_bytes(llama[0], per_linear)
@@ -104,16 +104,61 @@ def test_facts_report_stored_bytes_and_bits_per_weight(llama, name, per_linear):
     assert facts.weight_bytes == total
     assert facts.bits_per_weight == pytest.approx(8 * total / params)
     assert facts.extra["quantized_bytes"] == q_bytes
-    expected_bits = {"int8": 8.0, "w8a8": 8.0, "int4": 4.5, "w4a8": 8.5}[name]
+    expected_bits = {"int8": 8.0, "w8a8": 8.0, "int4": 4.5, "w4a8": 4.5}[name]
     assert facts.extra["quantized_bits_per_weight"] == pytest.approx(expected_bits, abs=0.25)
 
 
 def test_int4_g64_is_four_and_a_half_bits_and_python_path_also_packs(llama):
-    for dequant in ("kernel", "python"):
-        _, facts = _apply(llama[0], "int4", dequant=dequant)
-        assert facts.extra["quantized_bits_per_weight"] == 4.5
-    _, facts = _apply(llama[0], "w4a8", dequant="python")
-    assert facts.extra["quantized_bits_per_weight"] == 4.5
+    for name in ("int4", "w4a8"):
+        for dequant in ("kernel", "python"):
+            _, facts = _apply(llama[0], name, dequant=dequant)
+            assert facts.extra["quantized_bits_per_weight"] == 4.5, (name, dequant)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_w4a8_stores_packed_int4_and_holds_int8(llama, group_size):
+    """Stored (weight_bytes): 4 bits a weight + bf16 scale and zero per group, K padded to the group;
+    resident: the same with one byte a weight instead of half (the kernel reads int8)."""
+    def padded(k):
+        return -(-k // group_size) * group_size
+
+    base = llama[0]
+    params, q_params, q_bytes, total = _expected_bytes(
+        base, lambda n, k: n * padded(k) // 2 + 2 * 2 * n * (padded(k) // group_size))
+    model, facts = _apply(base, "w4a8", group_size=group_size, pad_to_group=group_size > HIDDEN)
+    assert facts.weight_bytes == total and facts.extra["quantized_bytes"] == q_bytes
+    layers = [model.get_submodule(n) for n in _decoder_linears(model)]
+    unpacked = sum(m.out_features * padded(m.in_features) // 2 for m in layers)
+    assert facts.extra["resident_bytes"] == total + unpacked > facts.weight_bytes
+    if group_size <= HIDDEN:  # no padding: exactly 4 + 32/group_size bits a quantized weight
+        assert facts.extra["quantized_bits_per_weight"] == 4 + 32 / group_size
+    _, python = _apply(base, "w4a8", group_size=group_size, pad_to_group=group_size > HIDDEN, dequant="python")
+    assert python.weight_bytes == python.extra["resident_bytes"] == total  # stores and runs the packed form
+
+
+# Options that fit the conftest model (in_features 32 and 64) and keep calibration short.
+_TINY_OPTIONS = {"int4": {"group_size": 32}, "w4a8": {"group_size": 32},
+                 "mixed": {"group_size": 32, "calibration_samples": 2}}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_reports_resident_bytes(tiny_model_dir, name):
+    """facts.extra["resident_bytes"]: parameters and persistent buffers as they run (RoPE's inv_freq, which
+    the config computes, is in neither figure). Equal to the stored bytes for every recipe but w4a8."""
+    from variantlab.models.loading import load_causal_lm
+    recipe = get_recipe(name)
+    reason = recipe.unsupported_reason("cpu")
+    if reason:
+        pytest.skip(reason)
+    options = parse_options(recipe, _TINY_OPTIONS.get(name, {}))
+    model, _ = load_causal_lm(tiny_model_dir, recipe.load_dtype(options), "cpu")
+    facts = recipe.apply(model, options, "cpu")
+    tensors = [*model.parameters(), *(b for n, b in model.named_buffers() if "inv_freq" not in n)]
+    assert facts.extra["resident_bytes"] == sum(t.numel() * t.element_size() for t in tensors)
+    if name == "w4a8":
+        assert facts.extra["resident_bytes"] > facts.weight_bytes
+    else:
+        assert facts.extra["resident_bytes"] == facts.weight_bytes
 
 
 @pytest.mark.parametrize("name", QUANT)

@@ -1,44 +1,149 @@
-"""The backend seam: something that runs requests and says when each token arrived.
+"""The backend seam: a streaming engine. Requests go in, token events come out.
 
 A backend declares what it can do (`Capabilities`); scenarios ask instead of checking names.
+Every load shape (one request at a time, offline batches, the length sweep, and next the server)
+goes through the one method `stream`: a batch of one is a single request. Stop rules travel on
+the request (`GenerationRequest`): EOS, stop strings, max_new_tokens; a backend has no stop habits
+of its own (the dataset's one-line answers are the stop string "\\n", set by the scenario).
+
+`run_requests` is the one place that turns a stream into `RequestRecord`s: send time before the
+call, each token's arrival time as the backend stamped it (after synchronising the device), the
+output text cut before the first stop string.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol, Sequence
 
 from ..measure.records import RequestRecord
 
 Clock = Callable[[], float]
 
+FINISH_STOP = "stop"        # EOS or a stop string
+FINISH_LENGTH = "length"    # max_new_tokens reached
+
 
 @dataclass(frozen=True)
 class Capabilities:
-    batching: bool = False        # generate_batch runs requests together (else one at a time)
-    token_timestamps: bool = True  # token_times are real per-token arrival times
+    batching: bool = False         # stream() runs several requests together (else give it one at a time)
+    token_timestamps: bool = True  # token times are real per-token arrival times
     scoring: bool = False          # score() gives teacher-forced log-probabilities
-    token_input: bool = False      # generate_ids() takes a prompt as token ids (exact prompt lengths)
+    token_input: bool = False      # a request may give its prompt as token ids (exact prompt lengths)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request: a prompt (text, or token ids when the backend takes them) and its stop rules.
+
+    Generation ends at the first of: EOS (when stop_on_eos), a token that completes one of `stop`
+    in the generated text, or max_new_tokens tokens. The stopping token counts as an output token:
+    it was computed and cost a forward pass."""
+
+    request_id: str
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    max_new_tokens: int = 16
+    stop_on_eos: bool = True
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.prompt_ids is None):
+            raise ValueError("give exactly one of prompt and prompt_ids")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One output token of request `index` (its position in the batch given to `stream`).
+
+    `time` is the backend clock when the token was available on the host. `finish_reason` is set
+    on a request's last token: FINISH_STOP or FINISH_LENGTH."""
+
+    index: int
+    token_id: int
+    time: float
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None   # set on each request's first token: its prompt length in tokens
 
 
 @dataclass(frozen=True)
 class ScoredText:
-    """Teacher-forced scoring of one text: log-probs of every next token (positions × vocab)."""
+    """Teacher-forced scoring of one text.
 
-    logprobs: object  # numpy float32 array (T-1, V)
-    targets: object   # numpy int64 array (T-1,)
-    n_bytes: int      # UTF-8 bytes of the scored text (for bits per byte)
+    logprobs: float32 (T-1, V), the log-probabilities of every next token; targets: int64 (T-1,)
+    the tokens that followed; token_ids: all T token ids of the text as the backend tokenized it;
+    n_bytes: the UTF-8 bytes of the text that were predicted (without a BOS token, the first
+    token is never predicted and its bytes are not counted); first_nonfinite: the first position
+    whose logits held NaN or inf (None when all were finite)."""
+
+    logprobs: object
+    targets: object
+    token_ids: tuple[int, ...]
+    n_bytes: int
+    first_nonfinite: int | None = None
 
 
 class Backend(Protocol):
     capabilities: Capabilities
-    tokenizer_id: str
+    tokenizer_id: str     # identifies the tokenizer's files and class (cheap; see scoring for the behavioural id)
+    clock: Clock
 
-    def generate(self, request_id: str, prompt: str, max_new_tokens: int) -> RequestRecord:
-        """One request, greedy, streaming: every token's arrival time recorded."""
+    def stream(self, requests: Sequence[GenerationRequest]) -> Iterator[TokenEvent]:
+        """Run the requests together (greedy) and yield each token as it is available."""
 
-    def generate_batch(self, request_ids: Sequence[str], prompts: Sequence[str],
-                       max_new_tokens: int) -> list[RequestRecord]:
-        """Several requests together (padded); records share the batch's send time."""
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, special tokens included as the model expects them (BOS)."""
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of generated token ids, special tokens dropped."""
 
     def score(self, texts: Sequence[str]) -> list[ScoredText]:
         """Teacher-forced next-token log-probabilities over each text."""
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """text up to (not including) the earliest occurrence of any stop string."""
+    cut = len(text)
+    for s in stop:
+        at = text.find(s)
+        if 0 <= at < cut:
+            cut = at
+    return text[:cut]
+
+
+@dataclass
+class _Pending:
+    tokens: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    finish: str | None = None
+    prompt_tokens: int | None = None
+
+
+def run_requests(backend: Backend, requests: Sequence[GenerationRequest],
+                 clock: Clock | None = None) -> list[RequestRecord]:
+    """Send `requests` together through backend.stream and record each: send time (read just before
+    the call, so tokenization counts in TTFT), token arrival times, end time (its last token's
+    arrival), tokens in, output text (decoded, cut before the first stop string, stripped), finish
+    reason. An exception from the backend propagates: in a benchmark a kernel that raises is a failed
+    measurement, not a slow request (a remote backend reports a request's error as data instead)."""
+    clock = clock or getattr(backend, "clock", time.perf_counter)
+    pending = [_Pending() for _ in requests]
+    send = clock()
+    for ev in backend.stream(requests):
+        p = pending[ev.index]
+        p.tokens.append(ev.token_id)
+        p.times.append(ev.time)
+        if ev.finish_reason is not None:
+            p.finish = ev.finish_reason
+        if ev.prompt_tokens is not None:
+            p.prompt_tokens = ev.prompt_tokens
+    out = []
+    for req, p in zip(requests, pending):
+        text = cut_at_stop(backend.decode(p.tokens), req.stop).strip() if p.tokens else ""
+        end = p.times[-1] if p.times else clock()
+        n_in = len(req.prompt_ids) if req.prompt_ids is not None else (p.prompt_tokens or 0)
+        out.append(RequestRecord(req.request_id, send, end, tuple(p.times), n_in, text, None,
+                                 tuple(p.tokens), p.finish))
+    return out

@@ -1,66 +1,89 @@
-"""Executors: where a measurement runs. The local one starts a fresh Python process per variant.
+"""Executors: where a job runs. The local one starts a fresh Python process per job.
 
-A worker that crashes, is killed, or outlives its timeout becomes a failed result with its reason
-(the last lines it wrote to stderr); the sweep goes on.
+An executor takes a job (measure/wire.py) and always returns a record and its blobs — data, never
+a path. A worker that crashes, is killed, outlives its timeout or writes a result that does not
+validate becomes a failed record with the reason (for a crash: the last line it wrote to stderr).
+The local executor keeps each job's files (job.json, result.bin, stderr.txt) in a folder of the
+run for the curious; nothing downstream reads them.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-from .worker import PROGRESS_PREFIX, RESULT_VERSION
+from .wire import CorruptResult, Job, Record, decode_result, encode_job, failed, job_trackers
+from .worker import PROGRESS_PREFIX
 
 ProgressFn = Callable[[str, float], None]
 
 
 class Executor(Protocol):
-    def run(self, spec: dict, workdir: Path, timeout_s: float, progress: ProgressFn | None = None) -> dict:
-        """Run one measurement; always return a result dict with 'status'."""
+    def run(self, job: Job, workdir: Path, timeout_s: float,
+            progress: ProgressFn | None = None) -> tuple[Record, dict[str, bytes]]:
+        """Run one job; always return (record, blobs)."""
 
 
 class LocalProcessExecutor:
-    """`python -m variantlab.measure.worker` in a fresh process, with a timeout."""
+    """`python -m variantlab.measure.worker` in a fresh process (its own process group), with a timeout."""
 
     def __init__(self, python: str = sys.executable):
         self.python = python
+        self._running: subprocess.Popen | None = None
 
-    def run(self, spec: dict, workdir: Path, timeout_s: float, progress: ProgressFn | None = None) -> dict:
+    def run(self, job: Job, workdir: Path, timeout_s: float,
+            progress: ProgressFn | None = None) -> tuple[Record, dict[str, bytes]]:
         workdir.mkdir(parents=True, exist_ok=True)
-        spec_path, out_path, err_path = workdir / "spec.json", workdir / "result.json", workdir / "stderr.txt"
+        job_path, out_path, err_path = workdir / "job.json", workdir / "result.bin", workdir / "stderr.txt"
         out_path.unlink(missing_ok=True)
+        job_path.write_bytes(encode_job(job))
         env = os.environ | {"PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error",
                             "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        spec = spec | {"spawn_time": time.time()}
-        spec_path.write_text(json.dumps(spec))
         with err_path.open("w") as err:
-            proc = subprocess.Popen([self.python, "-m", "variantlab.measure.worker", str(spec_path), str(out_path)],
-                                    stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, env=env)
+            proc = subprocess.Popen([self.python, "-m", "variantlab.measure.worker", str(job_path), str(out_path)],
+                                    stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, env=env,
+                                    errors="replace", start_new_session=True)
+            self._running = proc
             reader = threading.Thread(target=_read_progress, args=(proc.stdout, progress), daemon=True)
             reader.start()
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                return {"version": RESULT_VERSION, "status": "failed",
-                        "reason": f"timed out after {timeout_s:g} s (suite field timeout_s)"}
+                self.kill()
+                return failed(job, "failed", f"timed out after {timeout_s:g} s (suite field timeout_s)"), {}
+            finally:
+                self._end_group(proc)     # no worker, and nothing it started, outlives its job
+                self._running = None
             reader.join(timeout=5)
         if out_path.is_file():
             try:
-                return json.loads(out_path.read_text())
-            except json.JSONDecodeError:
-                pass
+                return decode_result(out_path.read_bytes(), job_trackers(job))
+            except CorruptResult as e:
+                return failed(job, "failed", f"corrupt worker result: {e}"), {}
         tail = [ln for ln in err_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
-        why = f"worker exited with status {code}" + (f": {tail[0].strip()}" if tail else "")
-        return {"version": RESULT_VERSION, "status": "failed", "reason": why}
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        return failed(job, "failed", f"worker {how}" + (f": {tail[0].strip()}" if tail else "")), {}
+
+    def kill(self) -> None:
+        """End the running worker and its children, if any."""
+        if self._running is not None:
+            self._end_group(self._running)
+
+    @staticmethod
+    def _end_group(proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)   # its own session: the worker and whatever it started
+        except (ProcessLookupError, PermissionError):
+            if proc.poll() is None:
+                proc.kill()
+        proc.wait()
 
 
 def _read_progress(stream, progress: ProgressFn | None) -> None:
@@ -69,5 +92,5 @@ def _read_progress(stream, progress: ProgressFn | None) -> None:
             try:
                 d = json.loads(line[len(PROGRESS_PREFIX):])
                 progress(d["stage"], float(d["fraction"]))
-            except (json.JSONDecodeError, KeyError, ValueError):
+            except Exception:  # noqa: BLE001 - a bad line or a failing display must never stop the draining
                 pass

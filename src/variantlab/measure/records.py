@@ -24,6 +24,8 @@ class RequestRecord:
     tokens_in: int = 0
     output_text: str = ""
     error: str | None = None
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None    # "stop" (EOS or a stop string) | "length" | None (errored)
 
     @property
     def tokens_out(self) -> int:
@@ -38,11 +40,12 @@ class RequestRecord:
         return self.error is None
 
     def to_json(self) -> dict:
-        return asdict(self) | {"token_times": list(self.token_times)}
+        return asdict(self) | {"token_times": list(self.token_times), "token_ids": list(self.token_ids)}
 
     @classmethod
     def from_json(cls, d: dict) -> "RequestRecord":
-        return cls(**(d | {"token_times": tuple(d.get("token_times", ()))}))
+        return cls(**(d | {"token_times": tuple(d.get("token_times", ())),
+                           "token_ids": tuple(d.get("token_ids", ()))}))
 
 
 @dataclass(frozen=True)

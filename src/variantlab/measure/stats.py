@@ -1,5 +1,10 @@
 """Statistics for benchmark samples: summaries, bootstrap intervals, estimates and deltas.
 
+Owns the records every metric is reported in (Estimate, Delta, with their JSON form) and the
+statistics of one set of samples. Samples measured in interleaved rounds (fresh processes) are
+summarised by measure/rounds.py (hierarchical bootstrap, paired round deltas), which builds on
+this module; distribution-free quantile intervals live in measure/order_stats.py.
+
 DESIGN.md, "Timing rules": report medians with bootstrap confidence intervals, call a difference
 real only when the intervals say so, and warn when a measurement is unstable (coefficient of
 variation over 10%). Everything here is a pure function of its arguments; randomness comes only
@@ -129,6 +134,17 @@ def _bootstrap_by_resampling(sample: np.ndarray, statistic: Statistic, resamples
     return out
 
 
+def quantile_of(statistic: Statistic) -> float | None:
+    """The percentile (0..100) a statistic computes, or None when it is not a quantile.
+
+    `median` (this module's or numpy's) is 50; a `quantile(q)` statistic is q.
+    """
+    if statistic is median or statistic is np.median:
+        return 50.0
+    q = getattr(statistic, "quantile", None)
+    return None if q is None else float(q)
+
+
 def quantile(q: float) -> Statistic:
     """The q-th percentile as a statistic; bootstraps take the fast order-statistic path for it."""
     def statistic(xs: Sequence[float]) -> float:
@@ -140,10 +156,9 @@ def quantile(q: float) -> Statistic:
 
 def _bootstrap_distribution(sample: np.ndarray, statistic: Statistic, resamples: int,
                             rng: np.random.Generator) -> np.ndarray:
-    if statistic is median or statistic is np.median:
-        return _bootstrap_quantile(sample, 50.0, resamples, rng)
-    if getattr(statistic, "quantile", None) is not None:
-        return _bootstrap_quantile(sample, statistic.quantile, resamples, rng)
+    q = quantile_of(statistic)
+    if q is not None:
+        return _bootstrap_quantile(sample, q, resamples, rng)
     return _bootstrap_by_resampling(sample, statistic, resamples, rng)
 
 
@@ -178,10 +193,16 @@ def bootstrap_ci(samples: Sequence[float], statistic: Statistic = median,
 
 @dataclass(frozen=True)
 class Estimate:
-    """A point estimate with its bootstrap interval, sample count and spread.
+    """A point estimate with its confidence interval, sample count and spread.
 
-    value is None for an empty sample; low and high are None below two samples; cv is the
-    coefficient of variation of the raw samples (None below two samples or for a zero mean).
+    value is None for an empty sample. low and high are None when no interval can be given (one
+    sample, or too few samples for a distribution-free interval of a tail quantile; problem says
+    which). cv is the coefficient of variation of the raw (pooled) samples, None below two samples
+    or for a zero mean. rounds is how many rounds (fresh processes) the samples came from, and
+    round_cv the coefficient of variation of the per-round statistic across them (None below two
+    rounds): a large round_cv with a small cv means the machine drifted between rounds. method
+    says how the interval was made: "order statistics", "hierarchical bootstrap (5 rounds)",
+    "bootstrap", "single sample" ("" in records written before methods were recorded).
     """
 
     value: float | None
@@ -190,6 +211,10 @@ class Estimate:
     n: int
     cv: float | None
     unit: str
+    rounds: int = 1
+    round_cv: float | None = None
+    problem: str | None = None
+    method: str = ""
 
     @property
     def unstable(self) -> bool:
@@ -201,22 +226,29 @@ class Estimate:
 
     @classmethod
     def from_json(cls, d: dict) -> "Estimate":
+        """Inverse of to_json; accepts records written before rounds/round_cv/problem/method."""
         return cls(value=d["value"], low=d["low"], high=d["high"], n=d["n"], cv=d["cv"],
-                   unit=d["unit"])
+                   unit=d["unit"], rounds=d.get("rounds", 1), round_cv=d.get("round_cv"),
+                   problem=d.get("problem"), method=d.get("method", ""))
 
 
 def estimate(samples: Sequence[float], unit: str, statistic: Statistic = median,
              confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> Estimate:
-    """statistic(samples) with a bootstrap interval when there are at least two samples."""
+    """statistic(samples) with a percentile-bootstrap interval when there are two samples or more.
+
+    One set of samples, treated as independent; for samples from several rounds use
+    rounds.estimate_rounds, which also gives tail quantiles a distribution-free interval.
+    """
     a = _as_sample(samples)
     if a.size == 0:
         return Estimate(value=None, low=None, high=None, n=0, cv=None, unit=unit)
     value = float(statistic(a))
     if a.size < 2:
-        return Estimate(value=value, low=None, high=None, n=1, cv=None, unit=unit)
+        return Estimate(value=value, low=None, high=None, n=1, cv=None, unit=unit,
+                        method="single sample")
     low, high = bootstrap_ci(a, statistic, confidence, resamples, seed)
     return Estimate(value=value, low=low, high=high, n=int(a.size),
-                    cv=coefficient_of_variation(a), unit=unit)
+                    cv=coefficient_of_variation(a), unit=unit, method="bootstrap")
 
 
 # --------------------------------------------------------------------------- deltas
@@ -225,24 +257,35 @@ def estimate(samples: Sequence[float], unit: str, statistic: Statistic = median,
 class Delta:
     """(variant - baseline) / baseline in %, with its confidence interval.
 
-    pct is None when the baseline is 0. significant is True when the interval excludes 0,
-    False when it does not, and None when it cannot be told (fewer than two samples on a side).
-    For exact facts (exact_delta) low/high are None and significant means "the values differ".
+    pct is None when it cannot be computed (a baseline of 0, no samples). significant is True
+    when the interval excludes 0, False when it does not, and None when there is no interval to
+    tell (one sample on a side, too few samples for a tail quantile, or an exact fact, which has
+    no verdict). method says how the interval was made ("paired over 5 rounds", "bootstrap",
+    "exact", "single sample", ...); rounds is the number of paired rounds behind it (0 when the
+    samples carried no round structure); problem says why no interval (or no pct) is given.
     """
 
     pct: float | None
     low: float | None
     high: float | None
     significant: bool | None
+    method: str = ""
+    rounds: int = 0
+    problem: str | None = None
 
     def label(self) -> str:
-        """E.g. "+111.0% [+98.2, +124.5]"; " (n.s.)" is appended when not significant."""
+        """E.g. "+111.0% [+98.2, +124.5]"; " (n.s.)" is appended when not significant.
+
+        When problem is set and there is no interval, only the pct is shown ("+5.0%"): a missing
+        interval is no evidence of "no difference".
+        """
         if self.pct is None:
             return "n/a"
         text = f"{self.pct:+.1f}%"
-        if self.low is not None and self.high is not None:
+        has_interval = self.low is not None and self.high is not None
+        if has_interval:
             text += f" [{self.low:+.1f}, {self.high:+.1f}]"
-        if self.significant is False:
+        if self.significant is False and (has_interval or self.problem is None):
             text += " (n.s.)"
         return text
 
@@ -251,7 +294,10 @@ class Delta:
 
     @classmethod
     def from_json(cls, d: dict) -> "Delta":
-        return cls(pct=d["pct"], low=d["low"], high=d["high"], significant=d["significant"])
+        """Inverse of to_json; accepts records written before method/rounds/problem."""
+        return cls(pct=d["pct"], low=d["low"], high=d["high"], significant=d["significant"],
+                   method=d.get("method", ""), rounds=d.get("rounds", 0),
+                   problem=d.get("problem"))
 
 
 def _pct(baseline: float, variant: float) -> float | None:
@@ -276,7 +322,8 @@ def relative_delta(baseline: Sequence[float], variant: Sequence[float],
         return Delta(pct=None, low=None, high=None, significant=None)
     pct = _pct(float(statistic(b)), float(statistic(v)))
     if pct is None or b.size < 2 or v.size < 2:
-        return Delta(pct=pct, low=None, high=None, significant=None)
+        return Delta(pct=pct, low=None, high=None, significant=None,
+                     method="single sample" if pct is not None else "")
     rng = np.random.default_rng(seed)
     boot_b = _bootstrap_distribution(b, statistic, resamples, rng)
     boot_v = _bootstrap_distribution(v, statistic, resamples, rng)
@@ -285,17 +332,19 @@ def relative_delta(baseline: Sequence[float], variant: Sequence[float],
         return Delta(pct=pct, low=None, high=None, significant=None)
     boot_pct = (boot_v[keep] - boot_b[keep]) / boot_b[keep] * 100.0
     low, high = _interval(boot_pct, confidence)
-    return Delta(pct=pct, low=low, high=high, significant=bool(low > 0.0 or high < 0.0))
+    return Delta(pct=pct, low=low, high=high, significant=bool(low > 0.0 or high < 0.0),
+                 method="bootstrap")
 
 
 def exact_delta(baseline_value: float, variant_value: float) -> Delta:
     """Percent change between two deterministic facts (model size, accuracy on a fixed set).
 
-    No interval: the values are not samples. significant is whether the values differ;
-    pct is None when the baseline is 0.
+    No interval and no verdict: the values are not samples, so there is nothing to be
+    significant about (significant is None; the pct itself is the answer). pct is None when the
+    baseline is 0. method is "exact".
     """
     return Delta(pct=_pct(float(baseline_value), float(variant_value)), low=None, high=None,
-                 significant=bool(baseline_value != variant_value))
+                 significant=None, method="exact")
 
 
 def compare(baseline_samples: Sequence[float], variant_samples: Sequence[float],

@@ -12,14 +12,16 @@ def results_csv(comparison) -> str:
     """Long format: one line per (metric, variant) with value, interval and delta."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["metric", "label", "unit", "variant", "status", "value", "ci_low", "ci_high", "n", "cv",
-                "delta_pct", "delta_low", "delta_high", "significant"])
+    w.writerow(["metric", "label", "unit", "kind", "variant", "status", "value", "ci_low", "ci_high", "n", "rounds",
+                "cv", "round_cv", "method", "problem", "delta_pct", "delta_low", "delta_high", "significant",
+                "delta_method"])
     for r in comparison.rows:
         for v in comparison.variants:
             e, d = r.cells.get(v), r.deltas.get(v)
-            w.writerow([r.key, r.label, r.unit, v, comparison.status.get(v),
-                        *(("", "", "", "", "") if e is None else (e.value, e.low, e.high, e.n, e.cv)),
-                        *(("", "", "", "") if d is None else (d.pct, d.low, d.high, d.significant))])
+            w.writerow([r.key, r.label, r.unit, r.kind, v, comparison.status.get(v),
+                        *(("",) * 9 if e is None else (e.value, e.low, e.high, e.n, e.rounds, e.cv, e.round_cv,
+                                                       e.method, e.problem)),
+                        *(("",) * 5 if d is None else (d.pct, d.low, d.high, d.significant, d.method))])
     return buf.getvalue()
 
 

@@ -1,7 +1,7 @@
-"""Formatting numbers for people: one place that knows each unit.
+"""Formatting numbers for people: one place that knows each unit, each verdict and the status lines.
 
-Every report (terminal, Markdown, HTML) formats through these functions so the same value reads
-the same everywhere.
+Every report (terminal, Markdown, CSV, HTML) formats through these functions so that the same
+value reads the same everywhere.
 """
 from __future__ import annotations
 
@@ -27,38 +27,66 @@ def fmt_value(value: float | None, unit: str) -> str:
         return f"{value:.0f} B"
     if unit == "tok/s":
         return f"{value:,.1f} tok/s"
+    if unit == "req/s":
+        return f"{value:,.2f} req/s"
     if unit == "%":
         return f"{value:.2f}%"
     if unit == "ratio":
         return f"{value:.4f}"
     if unit == "rel":
         return f"{value:.2e}"
-    if unit == "nats":
-        return f"{value:.3g}"
-    if unit == "bits":
+    if unit in ("nats", "bits"):
         return f"{value:.3g}"
     return f"{value:.4g}"
 
 
 def fmt_estimate(e: Estimate | None, with_ci: bool = True, check_stability: bool = True) -> str:
-    if e is None or e.value is None:
+    """"1.23 ms [1.20 ms, 1.27 ms]"; a problem reads as its words; ⚠ marks an unstable measurement."""
+    if e is None:
         return "—"
+    if e.value is None:
+        return e.problem or "—"
     text = fmt_value(e.value, e.unit)
     if with_ci and e.low is not None and e.high is not None and e.low != e.high:
         text += f" [{fmt_value(e.low, e.unit)}, {fmt_value(e.high, e.unit)}]"
+    elif with_ci and e.problem:
+        text += f" ({e.problem})"
     if check_stability and e.unstable:
         text += " ⚠"
     return text
 
 
-def fmt_delta(d: Delta | None) -> str:
-    return "—" if d is None or d.pct is None else d.label()
+def fmt_delta(d: Delta | None, with_ci: bool = True) -> str:
+    """"+5.1% [+2.0, +8.3]", "+0.4% (n.s.)", or the bare percent of a fact; "—" when there is none."""
+    if d is None or d.pct is None:
+        return "—"
+    if with_ci:
+        return d.label()
+    text = f"{d.pct:+.1f}%"
+    if d.significant is False:
+        text += " n.s."
+    elif d.problem:
+        text += " ?"
+    return text
 
 
-def visible_rows(c: Comparison) -> list[Row]:
-    """Rows with a value for some variant, or a note (a compile row without compiled variants is left out)."""
-    return [r for r in c.rows if r.note or any(e is not None and e.value is not None for e in r.cells.values())
-            or all(c.status.get(v) != "ok" for v in c.variants)]
+def verdict(row: Row, variant: str) -> str | None:
+    """"better", "worse" (significant only), "same" (not significant) or None (no verdict: a fact,
+    a single sample, or no direction)."""
+    d = row.deltas.get(variant)
+    if d is None or d.pct is None or row.lower_is_better is None or d.significant is None:
+        return None
+    if not d.significant:
+        return "same"
+    return "better" if (d.pct < 0) == row.lower_is_better else "worse"
+
+
+def visible_rows(c: Comparison, headline_only: bool = False) -> list[Row]:
+    """Rows with a value or a problem for some variant; headline_only: the default table's rows, in order."""
+    rows = [r for r in c.rows if any(e is not None and (e.value is not None or e.problem) for e in r.cells.values())]
+    if headline_only:
+        rows = sorted((r for r in rows if r.headline is not None), key=lambda r: (r.headline, r.key))
+    return rows
 
 
 def delta_columns(c: Comparison) -> list[str]:
@@ -79,24 +107,48 @@ def row_cells(c: Comparison, row: Row, with_ci: bool = True) -> list[str]:
         status = c.status.get(v)
         cells.append(fmt_estimate(row.cells.get(v), with_ci, row.checks_stability) if status == "ok"
                      else status or "—")
-    cells += [fmt_delta(row.deltas.get(v)) for v in delta_columns(c)]
+    cells += [fmt_delta(row.deltas.get(v), with_ci) for v in delta_columns(c)]
     return cells
 
 
-def status_lines(c: Comparison) -> list[str]:
-    """Failed and unsupported variants with their reasons, then warnings and notes."""
+def rounds_line(c: Comparison) -> str:
+    """How many rounds each variant was measured in."""
+    parts = []
+    for v in c.variants:
+        r = c.rounds.get(v) or {}
+        if c.status.get(v) == "ok":
+            parts.append(f"{v} {r.get('ok', 0)}" + (f" (+{r['failed']} failed)" if r.get("failed") else ""))
+    return "rounds measured: " + ", ".join(parts) if parts else "no variant was measured"
+
+
+def noise_line(c: Comparison, rows: list[Row]) -> str | None:
+    """The machine's noise: the baseline's round-to-round coefficient of variation on the timing rows shown."""
+    noisy = [f"{r.label} {100 * r.noise:.1f}%" for r in rows if r.noise is not None]
+    if not noisy:
+        return None
+    return f"noise: {c.baseline} varied from round to round by " + ", ".join(noisy)
+
+
+def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True) -> list[str]:
+    """Failed variants with their reasons, the rounds, the noise, then (full) builds, warnings and notes."""
+    rows = visible_rows(c) if rows is None else rows
     lines = [f"{v}: {c.status[v]} — {c.reasons.get(v) or 'no reason given'}"
              for v in c.variants if c.status.get(v) != "ok"]
-    toks = {t for t in c.tokenizers.values() if t}
-    lines.append("token counts use tokenizer " + ", ".join(
-        f"{v}={c.tokenizers[v]}" for v in c.variants if c.tokenizers.get(v)) if len(toks) > 1 else
-        f"token counts use tokenizer {next(iter(toks))} (all variants)" if toks else "no variant ran")
-    for v, b in c.builds.items():
-        attention = b.get("attention")
-        lines.append(f"{v}: {b['recipe']}" + (f" + attention {attention}" if attention not in (None, "model's own") else "")
-                     + f" on {b['device']}" + (f", built in {b['build_s']:.1f} s" if b.get("build_s") else "")
-                     + f"; kernels: {', '.join(b['kernels']) or 'n/a'}")
-        lines += [f"  note: {note}" for note in b.get("notes", ())]
-    lines += [f"warning: {w}" for w in c.warnings]
-    lines += [f"note: {r.label}: {r.note}" for r in c.rows if r.note]
+    lines.append(rounds_line(c))
+    noise = noise_line(c, rows)
+    if noise:
+        lines.append(noise)
+    if full:
+        for v, b in c.builds.items():
+            if c.status.get(v) != "ok":
+                continue
+            attention = b.get("attention")
+            lines.append(f"{v}: {b['recipe']}" + (f" + attention {attention}"
+                                                   if attention not in (None, "model's own") else "")
+                         + (f" on {b['device']}" if b.get("device") else "")
+                         + (" (artifact reused)" if b.get("reused") else
+                            f", built in {b['build_s']:.1f} s" if b.get("build_s") else "")
+                         + f"; kernels: {', '.join(b['kernels']) or 'n/a'}")
+            lines += [f"  note: {note}" for note in b.get("notes", ())]
+    lines += [f"warning: {w}" for w in (*c.warnings, *(w for r in rows for w in r.warnings))]
     return lines

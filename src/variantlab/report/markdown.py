@@ -1,4 +1,4 @@
-"""The comparison as a Markdown report (report.md)."""
+"""The comparison as a Markdown report (report.md): every row, with intervals and verdicts."""
 from __future__ import annotations
 
 from ..measure.analysis import Comparison
@@ -6,13 +6,13 @@ from .format import header, row_cells, status_lines, visible_rows
 
 
 def _md_row(cells: list[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
 
-def comparison_markdown(c: Comparison) -> str:
+def comparison_markdown(c: Comparison, all_rows: bool = True) -> str:
     cols = header(c)
     lines = [_md_row(cols), "|" + "---|" * len(cols)]
-    lines += [_md_row(row_cells(c, r)) for r in visible_rows(c)]
+    lines += [_md_row(row_cells(c, r)) for r in visible_rows(c, headline_only=not all_rows)]
     return "\n".join(lines)
 
 
@@ -22,15 +22,21 @@ def report_markdown(result) -> str:
     parts = [
         f"# variantlab bench: {result.suite_name}",
         "",
-        f"Run `{result.run_id}` on {env.get('cpu_model')} ({env.get('cpu_count')} cores), "
+        f"Run `{result.run_id}` on {env.get('cpu_model')} ({env.get('cpu_count')} cores, "
+        f"{env.get('threads_per_worker')} threads per worker), {env.get('rounds')} rounds, "
         f"torch {env.get('packages', {}).get('torch')}, transformers {env.get('packages', {}).get('transformers')}.",
         "",
         comparison_markdown(c),
         "",
-        "Values are medians with 95% bootstrap confidence intervals in brackets; Delta is "
-        "(variant − baseline) / baseline with its interval; (n.s.) marks a difference the intervals "
-        "do not support; ⚠ marks a measurement whose coefficient of variation exceeds 10%.",
+        "Values are over all rounds, with 95% intervals in brackets: timing figures from a hierarchical "
+        "bootstrap (rounds, then requests within a round), quantiles bounded by order statistics too. "
+        "Delta is (variant − baseline) / baseline: for timings and per-process figures, the geometric mean of "
+        "per-round paired ratios with a t-interval over rounds (so drift a round shares cancels); with one "
+        "round, requests are bootstrapped and drift is not controlled; a single sample gets no verdict. "
+        "(n.s.) marks a difference the interval does not support; a fact's delta (size, accuracy on a fixed "
+        "set) is a plain difference with no verdict. ⚠ marks a measurement whose coefficient of variation "
+        "exceeds 10%.",
         "",
     ]
-    parts += [f"- {line}" for line in status_lines(c)]
+    parts += [f"- {line}" for line in status_lines(c, visible_rows(c))]
     return "\n".join(parts) + "\n"

@@ -2,8 +2,8 @@
 
 An artifact is one folder (FORMAT_VERSION 1):
 
-    model.safetensors      every tensor of the variant's state_dict as it runs — packed int4/int8
-                           weights, scales, zeros, unquantized tensors — each storage once: a tied
+    model.safetensors      every tensor of the variant's state_dict (its stored form: packed int4/int8
+                           weights, scales, zeros, unquantized tensors) — each storage once: a tied
                            tensor is stored under one name and listed in variant.json `weights.aliases`
     config.json            the running model's config (the source's, with the dtype it was loaded in)
     tokenizer files        copied byte for byte from the source directory, so the tokenizer id is the
@@ -17,8 +17,9 @@ An artifact is one folder (FORMAT_VERSION 1):
 
 `load_artifact` builds the model skeleton from config.json with its parameters on the meta device
 (buffers that are not saved are computed from the config, as in from_pretrained, and cast to the dtype
-they had when saved), swaps in the recorded quant_linear modules holding their own tensors
-(`QuantLinear.from_state`), and assigns the memory-mapped tensors of model.safetensors: no quantization
+they had when saved), swaps in the recorded quant_linear modules, shaped on the meta device
+(`QuantLinear.from_state`), and assigns the memory-mapped tensors of model.safetensors (a module whose
+running form differs from its stored one, W4A8, converts them once, in load_state_dict): no quantization
 runs, and the outputs are bit-identical to the model that was saved (tests/variants/test_artifact.py).
 Any recipe whose modules are nn.Linear (any dtype) or quant_linear modules round-trips; `save_artifact`
 rebuilds the skeleton on the meta device before writing and refuses a model it could not load back.
@@ -353,11 +354,13 @@ def artifact_problem(path: str | Path, recipe_name: str, options, source_model_p
 
 # ---------------------------------------------------------------- loading
 
-def load_artifact(path: str | Path, device: str = "cpu"):
+def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None):
     """(model, tokenizer, facts) of the artifact at `path`, on `device`, in eval mode; no quantization runs.
+    `tokenizer`: one already loaded from `path` (else it is loaded here).
 
     facts are the build's, with `weight_bytes` the size of model.safetensors on disk
-    (extra: artifact_bytes_on_disk, state_bytes = the tensors' bytes in memory, artifact_path)."""
+    (extra: artifact_bytes_on_disk, state_bytes = the stored tensors' bytes, artifact_path; the build's
+    resident_bytes)."""
     import torch
     from safetensors import safe_open
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
@@ -372,7 +375,7 @@ def load_artifact(path: str | Path, device: str = "cpu"):
         raise ModelLoadError(f"cannot load artifact {path}: {problem}",
                              accepted="an artifact built here with `variantlab build` (rebuild it)")
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path, local_files_only=True)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # transformers raises many types; the user needs the one line
         raise ModelLoadError(f"cannot load artifact {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
@@ -383,7 +386,7 @@ def load_artifact(path: str | Path, device: str = "cpu"):
         state = {k: _aligned(f.get_tensor(k)) for k in f.keys()}
     for alias, stored in meta["weights"].get("aliases", {}).items():
         state[alias] = state[stored]
-    _swap_modules(model, meta.get("modules", {}), state)
+    _swap_modules(model, meta.get("modules", {}), {k: t.to("meta") for k, t in state.items()})
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ModelLoadError(f"artifact {path} does not fit the model its config builds: missing {missing[:3]}, "

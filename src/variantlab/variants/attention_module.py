@@ -7,7 +7,7 @@ decode state and computes the attention. The module keeps its name, its children
 a quantization recipe applied afterwards still finds `...self_attn.q_proj` and swaps it, and the
 state dict is unchanged.
 
-How this fits the unmodified KV-cached loop (backends/torch_backend.py), which passes a plain
+How this fits the unmodified KV-cached loop (backends/torch_engine.py), which passes a plain
 `DynamicCache()` and, for batches, a left-padded 2-D attention mask and position ids:
 
 - the cache: each swapped module puts its own layer object at its index in `past_key_values.layers`

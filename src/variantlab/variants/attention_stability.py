@@ -1,21 +1,53 @@
-"""Long-sequence numerical stability of each attention kernel: relative error against float64.
+"""Long-sequence numerical stability of attention: relative error against float64.
 
 The analysis blamed linear attention for "long-sequence instability". Whether that is the kernel,
-the dtype or the accumulator is a measurement: for each attention variant, random q, k, v (unit
-normal, a fixed seed) go through the variant's own kernel once in float64 (the reference) and once
-in each dtype under test (inputs rounded to it first, as a model in that dtype would have them); the
-relative error is ||out - ref|| / ||ref|| over the whole output. A non-finite output is reported as
-"nan" or "inf", not as a number; a linear attention whose state or normaliser phi(q)·z overflowed while
-the output stayed finite (an infinite normaliser silently turns outputs into 0) is "overflow", with
-its error; an error over `threshold` is flagged.
+the dtype or the accumulator is a measurement, made two ways here:
 
-Kernels are the ones the recipes run (attention_sliding.py, attention_linear.py): softmax attention
-(sdpa, gqa:<k>) through blocks of scaled_dot_product_attention with a causal band as wide as the
-sequence, sliding:<w> with its window, linear with its state in fp32 or in the model dtype.
-Pure: no model, no clock; `bench` and benchmarks/attention_stability.py call it.
+`model_attention_error(model, lengths)` — the per-variant row "Attention rel. error vs fp64". It
+measures the attention the built model really runs, not a reimplementation of it: the first decoder
+layer's attention module *as it is* (its class and forward, the attention function its config
+registers — transformers' sdpa/eager/any registered one — or, for a module swapped by
+attention_module.py, its linear/sliding cache layer and kernel), with the projections taken out:
+
+1. the arguments: the model runs a single-stream prefill of T tokens (input ids, a fresh
+   DynamicCache, as backends/torch_engine.py does) and a forward pre-hook on the attention module
+   records what its forward receives — the attention mask (or None, for is_causal), the rotary
+   cos/sin, the position ids and any other keyword — then stops the model there (the embeddings,
+   rotary table, mask and first input norm run; no attention or MLP does);
+2. the projections: a shallow copy of the module gets q/k/v projections that return fixed random
+   q, k, v (unit normal, a fixed seed, the module's head counts and head_dim; drawn in float64 and
+   rounded to the model's dtype, as a model in that dtype would have them; the reference gets the
+   same rounded values, so only the attention's own arithmetic is counted) and an identity o_proj,
+   so quantized projections (int kernels have no float64 form) and their error stay out of it;
+3. the computation: that copy's own forward runs twice on the recorded arguments, once in the
+   model's compute dtype and once in float64 (the same rotary cos/sin and mask values, upcast), each
+   with a fresh DynamicCache; error = ||out - ref|| / ||ref|| over the whole output.
+
+Nothing dispatches on an attention kind: whatever the module's forward calls is what runs. The one
+adjustment the reference needs is for an accumulator fixed by configuration rather than by the
+inputs' dtype: a swapped module's `variantlab_runtime.acc_dtype` (linear's state in fp32) is set to
+follow the inputs, so the reference accumulates in float64 too. A function that hard-codes a
+precision (transformers' eager softmax in fp32) keeps it in the reference, whose own error is then
+~1e-7: fp32 rows of such a function read at most that much low.
+
+`attention_stability(variants, lengths, dtypes)` — a kernel study without a model (kernels ×
+dtypes × lengths), for benchmarks/attention_stability.py: random q, k, v through the package's
+kernels (torch's causal scaled_dot_product_attention for sdpa/gqa, attention_sliding.py's banded
+kernel for sliding:<w>, attention_linear.py's chunked form with its state in fp32 or in the model
+dtype), once in float64 on unrounded inputs and once in each dtype (so it also counts the rounding
+of q, k, v to that dtype).
+
+Statuses, both ways: a non-finite output is "nan" or "inf", not a number; "overflow" when the output
+stayed finite but a linear attention's state or normaliser did not (an infinite normaliser silently
+turns outputs into 0): in the model path, a non-finite tensor held by the cache layer after the call,
+or an output row exactly 0 where the float64 row is not; "flagged" over `threshold`; else "ok".
+Pure: no clock, no state kept; the model is left as it was (the hook is removed, the module is not
+mutated).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -65,7 +97,7 @@ def run_kernel(variant: StabilityVariant, q, k, v):
     from .attention_linear import linear_attention_chunked, normaliser
     from .attention_sliding import sliding_attention
 
-    spec, t = variant.spec, q.shape[-2]
+    spec = variant.spec
     scale = q.shape[-1] ** -0.5
     if spec.kind == "linear":
         import torch
@@ -73,8 +105,11 @@ def run_kernel(variant: StabilityVariant, q, k, v):
         out, state = linear_attention_chunked(q, k, v, chunk=variant.options.linear_chunk, acc_dtype=acc)
         den = normaliser(q, k, acc_dtype=acc)
         return out, all(bool(torch.isfinite(x).all()) for x in (*state, den))
-    window = spec.window if spec.kind == "sliding" else t
-    return sliding_attention(q, k, v, window, scale), True
+    if spec.kind == "sliding":
+        return sliding_attention(q, k, v, spec.window, scale), True
+    import torch.nn.functional as F  # what transformers' sdpa path calls for an unpadded prefill
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa), True
 
 
 def relative_error(out, ref) -> tuple[float, str]:
@@ -119,4 +154,182 @@ def attention_stability(variants: Sequence[StabilityVariant] | None = None,
                 elif status == "ok" and err > threshold:
                     status = "flagged"
                 rows.append(StabilityRow(variant.label, name, t, err, status))
+    return rows
+
+
+# ---------------------------------------------------------------------------------- the model's own path
+
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _status(out, ref, threshold: float, held_finite: bool, heads: int) -> tuple[float, str]:
+    """relative_error's, then "overflow" (something held went non-finite, or rows silently zeroed), then the
+    threshold. out, ref: (B, T, H * Dv) as the module's forward returns them (o_proj is the identity)."""
+    import torch
+
+    err, status = relative_error(out, ref)
+    if status != "ok":
+        return err, status
+    rows, ref_rows = out.unflatten(-1, (heads, -1)), ref.unflatten(-1, (heads, -1))  # (B, T, H, Dv)
+    zeroed = ((rows == 0).all(-1) & (ref_rows != 0).any(-1)).any()
+    if not held_finite or bool(zeroed):
+        return err, "overflow"
+    return err, "flagged" if err > threshold else "ok"
+
+
+def attention_module(model):
+    """The first attention module with q/k/v/o projections (the first decoder layer's self-attention)."""
+    for m in model.modules():
+        if all(name in m._modules for name in _PROJECTIONS):
+            return m
+    raise ValueError(f"{type(model).__name__} has no attention module with {', '.join(_PROJECTIONS)}: "
+                     "model_attention_error measures Llama/Mistral/Qwen2-style attention")
+
+
+def describe(module) -> str:
+    """A label for the path `module` runs: its class and attention function, or its swapped runtime."""
+    runtime = getattr(module, "variantlab_runtime", None)
+    name = type(module).__name__
+    if runtime is not None:
+        from .attention import _dtype_name
+        layer = type(runtime.new_layer()).__name__
+        extra = (f"window {runtime.window}" if runtime.window is not None
+                 else f"state {_dtype_name(runtime.acc_dtype) if runtime.acc_dtype else 'in model dtype'}")
+        return f"{name} / {layer}.attend ({runtime.kind}, {extra})"
+    impl = module.config._attn_implementation
+    if impl in (None, "eager"):
+        return f"{name} / eager_attention_forward"
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    fn = ALL_ATTENTION_FUNCTIONS.get(impl)
+    return f"{name} / {getattr(fn, '__name__', impl)}"
+
+
+class _Captured(Exception):
+    def __init__(self, args, kwargs):
+        super().__init__("attention arguments captured")
+        self.args_, self.kwargs = args, kwargs
+
+
+def _capture(model, module, t: int, device):
+    """(args, kwargs) the module's forward receives in a single-stream prefill of t tokens; the model stops there."""
+    import torch
+    from transformers import DynamicCache
+
+    def stop(_, args, kwargs):
+        raise _Captured(args, kwargs)
+
+    handle = module.register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        model(input_ids=torch.zeros(1, t, dtype=torch.long, device=device), past_key_values=DynamicCache(),
+              use_cache=True)
+    except _Captured as c:
+        return c.args_, c.kwargs
+    finally:
+        handle.remove()
+    raise ValueError(f"{type(model).__name__}'s forward never called {type(module).__name__}")
+
+
+@functools.cache
+def _fixed_type() -> type:
+    from torch import nn
+
+    class FixedProjection(nn.Module):
+        """Returns the same (B, T, heads * D) tensor whatever it is given."""
+
+        def __init__(self, x):
+            super().__init__()
+            self.x = x
+
+        def forward(self, hidden_states):
+            return self.x
+    return FixedProjection
+
+
+def _heads(model, module) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head_dim) the module's forward works with."""
+    cfg = getattr(module, "config", None) or model.config
+    heads = cfg.num_attention_heads
+    return heads, heads // getattr(module, "num_key_value_groups", 1), module.head_dim
+
+
+def _twin(module, q, k, v, reference: bool):
+    """A shallow copy of `module` whose projections return q, k, v (B, H|Hkv, T, D) and whose o_proj is the
+    identity; the module itself is untouched."""
+    import copy
+
+    from torch import nn
+
+    twin = copy.copy(module)
+    twin._modules = dict(module._modules)
+    for name, x in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+        setattr(twin, name, _fixed_type()(x.transpose(1, 2).flatten(2)))
+    twin.o_proj = nn.Identity()
+    runtime = getattr(module, "variantlab_runtime", None)
+    if reference and runtime is not None and getattr(runtime, "acc_dtype", None) is not None:
+        twin.variantlab_runtime = dataclasses.replace(runtime, acc_dtype=None)  # accumulate in the inputs' float64
+    return twin
+
+
+def _held_finite(cache) -> bool:
+    """Every floating tensor the cache's layers hold after the call (keys, values, linear state) is finite."""
+    import torch
+
+    for layer in getattr(cache, "layers", []):
+        for value in vars(layer).values():
+            for x in value if isinstance(value, (tuple, list)) else (value,):
+                if torch.is_tensor(x) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                    return False
+    return True
+
+
+def _run(module, args, kwargs, q, k, v, dtype, reference: bool = False):
+    """(output (B, T, H * Dv), cache held finite?) of the module's own forward on q, k, v in `dtype`."""
+    import torch
+    from transformers import DynamicCache
+
+    args, kwargs = list(args), dict(kwargs)
+    key = "hidden_states" if "hidden_states" in kwargs else None
+    hidden = kwargs[key] if key else args[0]
+    dummy = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)  # only its shape is read
+    if key:
+        kwargs[key] = dummy
+    else:
+        args[0] = dummy
+    if kwargs.get("position_embeddings") is not None:
+        kwargs["position_embeddings"] = tuple(x.to(dtype) for x in kwargs["position_embeddings"])
+    cache = DynamicCache()
+    kwargs["past_key_values"] = cache
+    twin = _twin(module, q.to(dtype), k.to(dtype), v.to(dtype), reference)
+    out = twin(*args, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    return out, _held_finite(cache)
+
+
+def model_attention_error(model, lengths: Sequence[int], *, threshold: float = 1e-2, seed: int = 0,
+                          device=None, label: str | None = None) -> list[StabilityRow]:
+    """One row per length: relative error of the model's own attention (first decoder layer, projections
+    isolated) in its compute dtype against the same computation in float64. See the module docstring."""
+    import torch
+
+    from .attention import _dtype_name
+
+    module = attention_module(model)
+    if device is None:
+        device = next(model.parameters()).device
+    heads, kv_heads, head_dim = _heads(model, module)
+    label = label or describe(module)
+    rows = []
+    with torch.inference_mode():
+        for t in lengths:
+            args, kwargs = _capture(model, module, t, device)
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            dtype = hidden.dtype
+            gen = torch.Generator().manual_seed(seed + t)
+            q = torch.randn(1, heads, t, head_dim, generator=gen, dtype=torch.float64).to(hidden.device)
+            k, v = torch.randn(2, 1, kv_heads, t, head_dim, generator=gen, dtype=torch.float64).to(hidden.device)
+            rounded = [x.to(dtype).to(torch.float64) for x in (q, k, v)]  # the reference sees the same inputs
+            ref, _ = _run(module, args, kwargs, *rounded, torch.float64, reference=True)
+            out, held_finite = _run(module, args, kwargs, q, k, v, dtype)
+            err, status = _status(out, ref, threshold, held_finite, heads)
+            rows.append(StabilityRow(label, _dtype_name(dtype), t, err, status))
     return rows

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recipe import NoOptions, VariantFacts, cast_parameters, weight_facts
+from .recipe import NoOptions, VariantFacts, cast_parameters, resident_bytes, weight_facts
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -37,9 +37,9 @@ class DtypeRecipe:
     def load_dtype(self, options) -> object:
         return self.torch_dtype
 
-    def apply(self, model, options, device: str) -> VariantFacts:
+    def apply(self, model, options, device: str, context=None) -> VariantFacts:
         cast_parameters(model, self.torch_dtype)  # loading already gave this dtype; keeps RoPE in fp32
         params, nbytes = weight_facts(model)
         return VariantFacts(recipe=self.name, dtype=self.name, parameters=params, weight_bytes=nbytes,
                             bits_per_weight=8 * nbytes / max(params, 1),
-                            kernels=(f"aten::mm ({self.name})",))
+                            kernels=(f"aten::mm ({self.name})",), extra={"resident_bytes": resident_bytes(model)})

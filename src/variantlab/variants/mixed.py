@@ -8,44 +8,57 @@ becomes one of quant_linear's modules: 4 → Int4WeightOnly (group-wise, `group_
 Int8WeightOnly (per channel), 16 → the nn.Linear kept in compute_dtype. Embeddings, norms and the
 LM head stay in compute_dtype, as in the other recipes.
 
-Algorithm (all on the calibration batch; one forward pass per measurement):
+Calibration text is the first `calibration_samples` of `context.calibration_texts` (the suite's
+`calibration:` dataset, else its workload's prompts and answers), tokenized with
+`context.tokenizer`. Without texts it falls back to `generate_samples(calibration_samples,
+seed=calibration_seed)`, prompt + " " + answer (seed 1234: never the benchmark's seed 0), and says
+so in the notes; without a tokenizer it loads one from `model.name_or_path`. Texts are cut to
+`max_calibration_tokens` and run in micro-batches of 4 (less padding than one batch).
 
-1. Reference: log-probs of the original (above). Calibration text is
-   `generate_samples(calibration_samples, seed=calibration_seed)`, prompt + " " + answer; seed 1234
-   by default, so calibration never sees the benchmark's text (seed 0).
-2. Sensitivity: for every decoder linear and every candidate width below 16, the KLD of the model
-   with that layer alone quantized (the others original).
+Algorithm:
+
+1. Capture (1 pass): run the original once; keep its log-probs (the reference) and, for the
+   first `sensitivity_samples` texts, each decoder layer's output hidden states.
+2. Sensitivity (one suffix run per layer × width below 16, on those texts): the KLD of the final
+   output with that linear alone quantized. A linear in decoder layer i cannot change layers
+   0..i-1, so the run replays layer i-1's captured output in their place and computes layers
+   i..N-1, the norm and the head for real: the same numbers as a full forward, bit for bit
+   (tests/variants/test_mixed.py checks it), at (N−i)/N of the decoder's cost. Why not a local
+   proxy (the layer's output error): turning it into final-output KLD needs a per-layer gain that
+   itself takes suffix runs, and it assumes that an error from q_proj and one from down_proj are
+   equally visible at the output, which they are not. Here the head and the vocabulary-wide KL
+   are the fixed part of every run; measuring on a few texts (default 4 of 16) is what makes
+   sensitivity cheap, and is honest because it only orders the steps: the budget is checked on
+   every calibration text, by measurement.
 3. Order: every layer starts at the widest candidate; a step lowers one layer one rung (16→8,
    8→4). Steps are ordered greedily, cheapest first, by KLD added (sensitivity increase, ≥ 0) per
    byte saved; a layer's next step becomes available once its previous one is taken. The order
    does not depend on the budget.
-4. Predict: treat KLD as additive over layers; the prediction is the longest prefix of the order
-   whose summed step costs are within budget.
-5. Measure and adjust: measure the KLD of that whole mixed model. While it exceeds the budget,
-   undo the last step taken (the most sensitive per byte: a 4-bit layer goes back to 8 before 8
-   goes to 16) and measure again; undoing every step gives the original back (KLD 0 when 16 is
-   a candidate). If instead it fits (KLD is usually sub-additive, so the prediction is cautious),
-   take the next steps one by one while the measurement still fits; the first that does not is
-   undone and the walk stops.
+4. Search (about log2(steps + 1) full passes): bisect over the prefix length k of that order;
+   measure the KLD of the whole model with the first k steps taken; it fits → k is confirmed and
+   the search goes longer, else shorter. The model returned is the longest confirmed prefix,
+   whose measured KLD is the one reported (≤ max_kld: the guarantee). Prefix 0 is the original
+   (KLD 0, not measured) when 16 is a candidate; else it is measured and must fit.
 
-The plan is therefore a prefix of one budget-independent order, and its length only grows with
-the budget (a looser budget never gives more bits). The KLD that `apply` measures is on
-calibration text; on the suite's evaluation text it can be higher or lower.
+A looser budget never gives more bits, even where KLD is not monotone along the order: two
+budgets probe the same prefixes until one probe fits the looser and not the tighter, after which
+the looser one's answer is at least that prefix and the tighter one's is shorter.
 
-Calibration costs 1 + layers × (quantized candidates) + `search.passes` forward passes; the time
-is reported in facts.extra["calibration_seconds"].
-
-The recipe seam (recipe.py) hands `apply` a model, not a tokenizer: calibration loads the
-tokenizer from the directory the model was loaded from (`model.name_or_path`).
+Cost: 1 + `search.passes` full passes + `cost.suffix_runs` suffix runs; facts.extra["cost"] splits
+the seconds (capture, sensitivity, search); facts.extra["calibration_seconds"] is the whole build.
+The KLD measured is on calibration text; on the suite's evaluation text it can be higher or lower.
 
 References: HAWQ-V2 / "mixed-precision quantization by sensitivity" (per-layer sensitivity,
-budgeted bit allocation); llama.cpp's per-tensor quant mixes; this package's quant.py (modules,
-targets, facts).
+budgeted bit allocation); GPTQ's layer-by-layer calibration on captured activations; llama.cpp's
+per-tensor quant mixes; this package's quant.py (modules, targets, facts).
 """
 from __future__ import annotations
 
+import functools
 import heapq
+import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
@@ -53,10 +66,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import RecipeError
 from .quant import _check_group_size, _facts, _kernel_probe, _require_kernel, _targets
-from .recipe import VariantFacts, cast_parameters, weight_facts
+from .recipe import BuildContext, VariantFacts, cast_parameters, weight_facts
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _MODULES = {4: "Int4WeightOnly", 8: "Int8WeightOnly"}  # 16: the nn.Linear itself
+_BATCH = 4  # calibration texts per forward
 
 
 class MixedOptions(BaseModel):
@@ -67,8 +81,9 @@ class MixedOptions(BaseModel):
     pad_to_group: bool = False  # zero-pad in_features up to a multiple of group_size where it does not divide
     compute_dtype: Literal["bf16", "fp16"] = "bf16"  # 16-bit layers keep their weights in it: 16 means 16
     candidates: tuple[Literal[4, 8, 16], ...] = Field((4, 8, 16), validate_default=True)
-    calibration_samples: int = Field(16, ge=1)
-    calibration_seed: int = 1234  # the benchmark's text is seed 0
+    calibration_samples: int = Field(16, ge=1, description="the first N calibration texts")
+    sensitivity_samples: int = Field(4, ge=1, description="of those, the first N measure sensitivities")
+    calibration_seed: int = 1234  # of the fallback generator; the benchmark's text is seed 0
     max_calibration_tokens: int = Field(256, ge=2, description="per sample; longer ones are truncated")
     dequant: Literal["kernel", "python"] = "kernel"
 
@@ -115,40 +130,54 @@ class MixedRecipe:
         import torch
         return getattr(torch, _DTYPES[options.compute_dtype])
 
-    def apply(self, model, options: MixedOptions, device: str) -> VariantFacts:
+    def apply(self, model, options: MixedOptions, device: str, context: BuildContext | None = None) -> VariantFacts:
         import torch
 
-        start = self.clock()
+        clock, start = self.clock, self.clock()
         dtype = self.load_dtype(options)
         cast_parameters(model, dtype)  # the reference: the model as the bf16/fp16 recipe builds it
         targets, kept = _targets(model, self.name, quantize_lm_head=False)
         self._check(targets, options, device)
         parameters = weight_facts(model)[0]
-        batch = _calibration_batch(model, options)
+        calib = _calibration(model, options, context or BuildContext())
         layers = dict(targets)
         build = lambda name, bits: _build(layers[name], bits, dtype, options)  # noqa: E731
+        widest = options.candidates[0]
         with torch.no_grad():
-            ref = _logprobs(model, batch).cpu()  # compared on the host every pass: copy it once
-            kld = lambda: _kld(ref, _logprobs(model, batch))  # noqa: E731
-            sens, nbytes = _sensitivities(model, layers, build, kld, options.candidates)
+            probe = _Probe(model, layers, calib.batches, calib.sensitivity_batches)
+            t_capture = clock()
+            sens, nbytes = _sensitivities(model, layers, build, probe.sensitivity, options.candidates)
+            t_sens = clock()
             steps = order_steps(sens, nbytes, options.candidates)
-            predicted = predicted_prefix(steps, sens, options.candidates, options.max_kld)
-            plan = {}
+            plan = {name: 16 for name in layers}  # what the model holds now: the original
 
-            def put(name: str, bits: int) -> None:
-                plan[name] = bits
-                model.set_submodule(name, build(name, bits))
+            def take(k: int) -> None:  # the model with the first k steps taken
+                bits = {name: widest for name in layers}
+                for s in steps[:k]:
+                    bits[s.layer] = s.dst
+                for name, b in bits.items():
+                    if plan[name] != b:
+                        plan[name] = b
+                        model.set_submodule(name, build(name, b))
 
-            for name in layers:
-                put(name, options.candidates[0])
-            taken, measured, passes = _walk(steps, predicted, options.max_kld, put, kld)
-        if measured > options.max_kld:
+            def measure(k: int) -> float:
+                take(k)
+                return probe.kld()
+
+            at_zero = 0.0 if widest == 16 else None  # prefix 0 is then the original itself
+            taken, measured, probes = bisect_prefix(len(steps), options.max_kld, measure, at_zero)
+            take(taken)  # the state measured last may be a longer prefix that did not fit
+        if not measured <= options.max_kld:
             raise RecipeError(f"mixed cannot meet max_kld {options.max_kld:g}: with every layer at "
-                              f"{options.candidates[0]} bits the measured KLD is {measured:.3g}",
+                              f"{widest} bits the measured KLD is {measured:.3g}",
                               field="max_kld", accepted="a larger max_kld, or 16 among candidates")
-        seconds = self.clock() - start
-        search = {"steps": len(steps), "predicted": predicted, "taken": taken, "passes": passes}
-        return self._facts(model, options, parameters, kept, plan, sens, measured, search, batch, seconds)
+        end = clock()
+        search = {"steps": len(steps), "predicted": predicted_prefix(steps, sens, options.candidates, options.max_kld),
+                  "taken": taken, "passes": len(probes), "probes": [list(p) for p in probes]}
+        cost = {"passes": 1 + len(probes), "suffix_runs": probe.runs, "suffix_layers": probe.layers_run,
+                "decoder_layers": len(probe.stack), "capture_seconds": t_capture - start,
+                "sensitivity_seconds": t_sens - t_capture, "search_seconds": end - t_sens}
+        return self._facts(model, options, parameters, kept, plan, sens, measured, search, calib, cost, end - start)
 
     def _check(self, targets, options: MixedOptions, device: str) -> None:
         if 4 in options.candidates and not options.pad_to_group:
@@ -159,28 +188,36 @@ class MixedRecipe:
                     _require_kernel(_MODULES[bits], device, options.compute_dtype,
                                     options.group_size if bits == 4 else 0)
 
-    def _facts(self, model, options, parameters, kept, plan, sens, measured, search, batch, seconds):
+    def _facts(self, model, options, parameters, kept, plan, sens, measured, search, calib, cost, seconds):
         from . import quant_linear as ql
 
         swapped = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
         facts = _facts(self, model, options, parameters, swapped, [], False)
         counts = {str(b): sum(v == b for v in plan.values()) for b in options.candidates}
+        samples = sum(b.samples for b in calib.batches)
+        positions = sum(b.positions for b in calib.batches)
         notes = list(facts.notes)
         notes.append(f"plan: {counts.get('4', 0)} layers at 4 bits, {counts.get('8', 0)} at 8, "
                      f"{counts.get('16', 0)} at 16 ({options.compute_dtype}); measured KLD {measured:.3g} "
-                     f"≤ max_kld {options.max_kld:g} on {batch.samples} calibration samples "
-                     f"(seed {options.calibration_seed}), not on the suite's evaluation text")
+                     f"≤ max_kld {options.max_kld:g} on {samples} calibration texts ({calib.source}), "
+                     f"not on the suite's evaluation text")
+        if calib.source == "generator":
+            notes.append(f"no calibration texts were given: calibrated on the synthetic structured-sample "
+                         f"generator (seed {options.calibration_seed}), not on this suite's workload")
         if kept:
             notes.append(f"kept in {options.compute_dtype}: {', '.join(kept)} (the LM head), as the embeddings")
         extra = dict(facts.extra, plan=dict(plan), bits_histogram=counts,
                      sensitivities={n: {str(b): v for b, v in s.items()} for n, s in sens.items()},
-                     final_kld=measured, max_kld=options.max_kld, search=search,
-                     calibration_samples=batch.samples, calibration_positions=batch.positions,
-                     calibration_seed=options.calibration_seed, calibration_seconds=seconds)
+                     final_kld=measured, max_kld=options.max_kld, search=search, cost=cost,
+                     calibration_source=calib.source, calibration_samples=samples,
+                     calibration_positions=positions,
+                     sensitivity_samples=sum(b.samples for b in calib.batches[:calib.sensitivity_batches]),
+                     calibration_seed=options.calibration_seed if calib.source == "generator" else None,
+                     calibration_seconds=seconds)
         return replace(facts, notes=tuple(notes), extra=extra)
 
 
-# --- the greedy order, the prediction and the walk (no model) ----------------------------------
+# --- the greedy order, the prediction and the search (no model) --------------------------------
 
 def order_steps(sens: dict[str, dict[int, float]], nbytes: dict[str, dict[int, int]],
                 candidates: tuple[int, ...]) -> list[Step]:
@@ -211,7 +248,7 @@ def order_steps(sens: dict[str, dict[int, float]], nbytes: dict[str, dict[int, i
 
 def predicted_prefix(steps: list[Step], sens: dict[str, dict[int, float]], candidates: tuple[int, ...],
                      max_kld: float) -> int:
-    """How many steps fit the budget if KLD adds over layers: the longest prefix, never a gap."""
+    """How many steps would fit if KLD added over layers (reported beside the measured answer)."""
     total = sum(_cost(sens, layer, candidates[0]) for layer in sens)
     taken = 0
     for s in steps:
@@ -222,35 +259,39 @@ def predicted_prefix(steps: list[Step], sens: dict[str, dict[int, float]], candi
     return taken
 
 
-def _walk(steps: list[Step], predicted: int, max_kld: float, put: Callable[[str, int], None],
-          kld: Callable[[], float]) -> tuple[int, float, int]:
-    """(steps taken, measured KLD, forward passes): step 5 of the module docstring.
+def bisect_prefix(n: int, max_kld: float, measure: Callable[[int], float],
+                  at_zero: float | None = None) -> tuple[int, float, list[tuple[int, float]]]:
+    """(longest confirmed prefix, its measured KLD, the probes [(prefix, KLD)]) over prefixes 0..n.
 
-    Starts with no step taken; `put(layer, bits)` sets one layer, `kld()` measures the whole model."""
-    for step in steps[:predicted]:
-        put(step.layer, step.dst)
-    taken, measured, passes = predicted, kld(), 1
-    if measured > max_kld:
-        while measured > max_kld and taken:  # back off: undo the last (most sensitive) step
-            taken -= 1
-            put(steps[taken].layer, steps[taken].src)
-            measured, passes = kld(), passes + 1
-        return taken, measured, passes
-    while taken < len(steps):  # walk on while the measurement fits
-        put(steps[taken].layer, steps[taken].dst)
-        trial, passes = kld(), passes + 1
-        if trial > max_kld:
-            put(steps[taken].layer, steps[taken].src)  # back to what was measured last
-            break
-        taken, measured = taken + 1, trial
-    return taken, measured, passes
+    `measure(k)` is the KLD of the model with the first k steps taken; `at_zero` the known KLD of
+    prefix 0 (else it is measured first). At most ceil(log2(n + 1)) probes beyond prefix 0. When
+    prefix 0 does not fit, (0, its KLD) comes back and the caller refuses the budget.
+    """
+    probes = []
+
+    def probe(k: int) -> float:
+        probes.append((k, measure(k)))
+        return probes[-1][1]
+
+    lo_kld = probe(0) if at_zero is None else at_zero
+    lo, hi = 0, n + 1  # lo: longest prefix measured to fit; hi: shortest measured not to (n + 1: none yet)
+    if not lo_kld <= max_kld:
+        return 0, lo_kld, probes
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        kld = probe(mid)
+        if kld <= max_kld:  # NaN never fits
+            lo, lo_kld = mid, kld
+        else:
+            hi = mid
+    return lo, lo_kld, probes
 
 
 def _cost(sens, layer: str, bits: int) -> float:
     return 0.0 if bits == 16 else sens[layer][bits]
 
 
-# --- the model side -----------------------------------------------------------------------------
+# --- calibration text ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class _Batch:
@@ -261,16 +302,39 @@ class _Batch:
     positions: int
 
 
-def _calibration_batch(model, options: MixedOptions) -> _Batch:
+@dataclass(frozen=True)
+class _Calibration:
+    batches: list[_Batch]
+    sensitivity_batches: int  # the first ones: they hold the first `sensitivity_samples` texts
+    source: str               # "context" | "generator"
+
+
+def _calibration(model, options: MixedOptions, context: BuildContext) -> _Calibration:
+    texts, source = list(context.calibration_texts[:options.calibration_samples]), "context"
+    if not texts:
+        from ..data.structured import generate_samples
+        texts = [f"{s['prompt']} {s['answer']}" for s in generate_samples(options.calibration_samples,
+                                                                             options.calibration_seed)]
+        source = "generator"
+    tok = context.tokenizer if context.tokenizer is not None else _tokenizer(model)
+    encoded = [tok(t, add_special_tokens=True).input_ids[:options.max_calibration_tokens] for t in texts]
+    encoded = [e for e in encoded if len(e) >= 2]  # one token has no next token to score
+    if not encoded:
+        raise RecipeError("mixed calibrates on text, but no calibration text is two tokens long",
+                          field="calibration", accepted="calibration texts of at least two tokens")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    first = min(options.sensitivity_samples, len(encoded))
+    chunks = [encoded[i:min(i + _BATCH, first)] for i in range(0, first, _BATCH)]
+    sens = len(chunks)
+    chunks += [encoded[i:i + _BATCH] for i in range(first, len(encoded), _BATCH)]
+    return _Calibration([_batch(c, pad, device) for c in chunks], sens, source)
+
+
+def _batch(encoded: list[list[int]], pad: int, device) -> _Batch:
     import torch
 
-    from ..data.structured import generate_samples
-    tok = _tokenizer(model)
-    texts = [f"{s['prompt']} {s['answer']}" for s in generate_samples(options.calibration_samples,
-                                                                         options.calibration_seed)]
-    encoded = [tok(t, add_special_tokens=True).input_ids[:options.max_calibration_tokens] for t in texts]
     width = max(len(e) for e in encoded)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.full((len(encoded), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, e in enumerate(encoded):
@@ -278,8 +342,7 @@ def _calibration_batch(model, options: MixedOptions) -> _Batch:
         mask[i, :len(e)] = 1
     score = mask.bool().clone()
     score[torch.arange(len(encoded)), mask.sum(1) - 1] = False  # as the benchmark's scoring: no last position
-    device = next(model.parameters()).device
-    return _Batch(ids.to(device), mask.to(device), score.to(device), len(texts), int(score.sum()))
+    return _Batch(ids.to(device), mask.to(device), score.to(device), len(encoded), int(score.sum()))
 
 
 def _tokenizer(model):
@@ -288,21 +351,136 @@ def _tokenizer(model):
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many types; the user needs one line
-        raise RecipeError(f"mixed calibrates on text and needs the checkpoint's tokenizer, which cannot be "
-                          f"loaded from '{path}' ({type(e).__name__})", field="recipe",
+        raise RecipeError(f"mixed calibrates on text and needs the checkpoint's tokenizer, which was not given "
+                          f"and cannot be loaded from '{path}' ({type(e).__name__})", field="recipe",
                           accepted="a model loaded from a local directory that holds its tokenizer") from None
 
+
+# --- measuring: full passes, suffix runs --------------------------------------------------------
 
 def _logprobs(model, batch: _Batch):
     """[positions, vocab] fp32 next-token log-probs at the scored positions."""
     import torch
-    logits = model(input_ids=batch.ids, attention_mask=batch.mask).logits
+    logits = model(input_ids=batch.ids, attention_mask=batch.mask, use_cache=False).logits
     return torch.log_softmax(logits[batch.score].float(), dim=-1)
 
 
 def _kld(ref, var) -> float:
+    """DESIGN's KLD (measure/accuracy.py); a model whose output is not finite fits no budget."""
     from ..measure.accuracy import kld_summary
-    return kld_summary(ref, var)["mean"]
+    try:
+        return kld_summary(ref, var)["mean"]
+    except ValueError:  # NaN or +inf log-probs
+        return math.inf
+
+
+def _kl_rows(ref64, p, var):
+    """KL(ref ‖ var) per position, as accuracy.kl_divergence_per_position computes it, in torch
+    float64 (the sensitivity runs' hot loop): rows renormalised, p = 0 terms dropped, clamped at 0."""
+    import torch
+    lv = torch.log_softmax(var.double(), dim=-1)
+    kl = torch.where(p > 0, p * (ref64 - lv), 0.0).sum(-1).clamp_min(0.0)
+    return torch.nan_to_num(kl, nan=math.inf)
+
+
+@functools.cache
+def _replay_type():
+    from torch import nn
+
+    class Replay(nn.Module):
+        """Stands in for a decoder layer below the one being measured: returns layer i-1's captured
+        output (feed[0]) without computing anything; other attributes read through to the real layer."""
+
+        def __init__(self, layer, feed: list):
+            super().__init__()
+            self.__dict__["layer"], self.__dict__["feed"] = layer, feed  # not a submodule
+
+        def forward(self, *args, **kwargs):
+            return self.feed[0]
+
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.__dict__["layer"], name)
+
+    return Replay
+
+
+class _Probe:
+    """The original model's reference log-probs and captured activations, and the two measurements
+    the search makes with them: the full-batch KLD and one linear's sensitivity (suffix runs)."""
+
+    def __init__(self, model, layers: dict, batches: list[_Batch], sensitivity_batches: int):
+        import torch
+
+        self.model, self.batches, self.runs, self.layers_run = model, batches, 0, 0
+        self.stack, self.index = _decoder_stack(model, layers)
+        captured = [[] for _ in self.stack]
+        keep = [True]
+        hooks = [layer.register_forward_hook(lambda m, a, out, i=i: captured[i].append(out) if keep[0] else None)
+                 for i, layer in enumerate(self.stack)]
+        try:
+            refs = []
+            for b, batch in enumerate(batches):
+                keep[0] = b < sensitivity_batches
+                refs.append(_logprobs(model, batch).cpu())
+        finally:
+            for h in hooks:
+                h.remove()
+        self.captured = captured  # [layer][sensitivity batch]: that layer's output
+        self.ref = torch.cat(refs)  # compared on the host every pass: copied once
+        self.sens_ref = [r.double() for r in refs[:sensitivity_batches]]
+        self.sens_ref = [torch.log_softmax(r, dim=-1) for r in self.sens_ref]
+        self.sens_p = [r.exp() for r in self.sens_ref]
+
+    def kld(self) -> float:
+        """KLD of the model as it is now, on every calibration text."""
+        import torch
+        return _kld(self.ref, torch.cat([_logprobs(self.model, b).cpu() for b in self.batches]))
+
+    def sensitivity(self, name: str) -> float:
+        """KLD of the model as it is now, where only linear `name` differs from the original, on the
+        sensitivity texts: decoder layers below `name`'s replay their captured outputs."""
+        import torch
+        start = self.index.get(name, 0)
+        feed, kls = [None], []
+        with _replaying(self.stack, start, feed):
+            for b, (ref64, p) in enumerate(zip(self.sens_ref, self.sens_p)):
+                feed[0] = self.captured[start - 1][b] if start else None
+                kls.append(_kl_rows(ref64, p, _logprobs(self.model, self.batches[b]).cpu()))
+        self.runs += 1
+        self.layers_run += len(self.stack) - start
+        return float(torch.cat(kls).mean())
+
+
+def _decoder_stack(model, layers: dict):
+    """(the ModuleList of decoder layers that holds the targets, {target: index of its layer}).
+
+    Targets outside it (or a model without one) get no index: their runs start from the embeddings."""
+    from torch import nn
+
+    best, index = [], {}
+    for path, m in model.named_modules():
+        if not isinstance(m, nn.ModuleList):
+            continue
+        found = {name: int(name[len(path) + 1:].split(".")[0]) for name in layers
+                 if name.startswith(f"{path}.") and name[len(path) + 1:].split(".")[0].isdigit()}
+        if len(found) > len(index):
+            best, index = m, found
+    return best, index
+
+
+@contextmanager
+def _replaying(stack, start: int, feed: list):
+    saved = [stack[j] for j in range(start)]
+    try:
+        for j in range(start):
+            stack[j] = _replay_type()(saved[j], feed)
+        yield
+    finally:
+        for j in range(start):
+            stack[j] = saved[j]
 
 
 def _build(linear, bits: int, dtype, options: MixedOptions):
@@ -319,7 +497,9 @@ def _state_bytes(module) -> int:
 
 
 def _sensitivities(model, layers, build, kld, candidates):
-    """({layer: {bits: KLD with that layer alone at bits}}, {layer: {bits: stored bytes}})."""
+    """({layer: {bits: KLD with that layer alone at bits}}, {layer: {bits: stored bytes}}).
+
+    `kld(name)` measures the model as it is now, knowing that only `name` differs from the original."""
     sens, nbytes = {}, {}
     for name, linear in layers.items():
         sens[name], nbytes[name] = {}, {16: _state_bytes(linear)}
@@ -329,6 +509,6 @@ def _sensitivities(model, layers, build, kld, candidates):
             q = build(name, bits)
             nbytes[name][bits] = _state_bytes(q)
             model.set_submodule(name, q)
-            sens[name][bits] = kld()
+            sens[name][bits] = kld(name)
         model.set_submodule(name, linear)
     return sens, nbytes

@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import RecipeError, UnsupportedOnHardware
-from .recipe import VariantFacts, cast_parameters, weight_facts
+from .recipe import VariantFacts, cast_parameters, resident_bytes, weight_facts
 
 GROUP_SIZES = (32, 64, 128)
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -72,7 +72,7 @@ class QuantRecipe:
         import torch
         return getattr(torch, _DTYPES[options.compute_dtype])
 
-    def apply(self, model, options, device: str) -> VariantFacts:
+    def apply(self, model, options, device: str, context=None) -> VariantFacts:
         from . import quant_linear as ql
 
         dtype = self.load_dtype(options)
@@ -197,7 +197,7 @@ def _facts(recipe: QuantRecipe, model, options, parameters: int, swapped, kept, 
                                                         else recipe.activations),
              "scheme": recipe.scheme, "dequant": options.dequant, "quantized_layers": len(swapped),
              "quantized_parameters": params_q, "quantized_bytes": bytes_q,
-             "quantized_bits_per_weight": 8 * bytes_q / max(params_q, 1)}
+             "quantized_bits_per_weight": 8 * bytes_q / max(params_q, 1), "resident_bytes": resident_bytes(model)}
     if recipe.grouped:
         extra.update(group_size=options.group_size, pad_to_group=options.pad_to_group)
     return VariantFacts(recipe=recipe.name, dtype=options.compute_dtype, parameters=parameters, weight_bytes=nbytes,

@@ -1,7 +1,7 @@
 """Quantized drop-in replacements for nn.Linear: what `apply` swaps into a model.
 
-Each module stores its weight in a quantized format (buffers, so that `state_dict` holds exactly
-what is resident and `weight_facts` counts it) and runs one of two paths, fixed at construction:
+Each module holds its weight in a quantized format (buffers) and runs one of two paths, fixed at
+construction:
 
 - kernel: the fastest aten kernel this device has for the scheme (below), or ours where aten has none;
 - python: dequantize the whole weight in plain PyTorch ops on every call, then aten::mm. A labelled
@@ -20,13 +20,38 @@ name suggests (a fallback, padding, an unpacked layout).
 |                   | per group over int4 values held unpacked as int8  |                                       |
 | Sparse24Int8      | (none: recipe unsupported on CPU)                 | torch._cslt_sparse_mm (cuSPARSELt)    |
 
+What is stored is `state_dict()`: what an artifact saves and `weight_facts` counts (the model size).
+What is resident is the buffers forward reads (`resident_bytes`). They differ for W4A8's kernel path
+only. Bits per weight below are for bf16 scales and zeros (fp32 doubles the per-group part):
+
+| module (path)                    | stored                                   | resident                            |
+|----------------------------------|------------------------------------------|-------------------------------------|
+| Int8WeightOnly, W8A8             | int8 [N, K] + scale [N]: 8 bits          | the same                            |
+| Int8Embedding                    | int8 [V, D] + scale [V]: 8 bits          | the same                            |
+| Int4WeightOnly (kernel)          | aten's opaque int4 layout + [G, N', 2]   | the same                            |
+|                                  | scales and zeros: 4 + 32/gs bits         |                                     |
+| Int4WeightOnly, W4A8 (python)    | nibbles uint8 [N, K/2] + scales, zeros   | the same                            |
+|                                  | [N, G]: 4 + 32/gs bits                   |                                     |
+| W4A8 (kernel)                    | as the python path: 4 + 32/gs bits       | int8 [G, N, gs] + scales, zeros     |
+|                                  |                                          | [G, N]: 8 + 32/gs bits              |
+| Sparse24Int8                     | cuSPARSELt's compressed layout (kernel), | the same                            |
+|                                  | dense int8 (python)                      |                                     |
+
+A module whose running form is not its stored form says how to go from one to the other
+(`_stored_form`, `_resident_form`); `state_dict()` and `load_state_dict()` go through them
+(torch's `_save_to_state_dict` / `_load_from_state_dict`, as torch.ao's packed quantized modules do),
+so an artifact holds the stored form and loading converts it once.
+
 W4A8 has no usable aten kernel on x86 CPU: aten::_dyn_quant_matmul_4bit exists, but outside
 Arm/KleidiAI it is a scalar reference loop for symmetric weights only (measured here at 1024×1024:
 10x bf16 at M = 1, 68x at M = 8). Ours computes, per group g of the K axis,
 P_g = xq[:, g] @ (q[:, g] − 8)ᵀ in int32 with torch._int_mm, then
-y = a · Σ_g (s_g · P_g + z_g · Σ_k xq[:, g]) — G = K/group_size kernel calls per layer, and the
-int4 values are unpacked to int8 once at load time, so the weight is *resident* at 8 bits (+ scales
-and zeros); a packed store would be 4 + 32/group_size bits. Both costs are findings, not hidden.
+y = a · Σ_g (s_g · P_g + z_g · Σ_k xq[:, g]) — G = K/group_size kernel calls per layer. _int_mm has no
+int4 operand, so the kernel reads the int4 values unpacked as int8: W4A8 *stores* them packed, two a
+byte, with scales and zeros [N, G] (4 + 32/group_size bits a weight: the artifact, `weight_bytes`),
+the same tensors as its python path, and unpacks them once at load into the group-major int8 layout,
+so they are *resident* at 8 + 32/group_size bits (facts.extra["resident_bytes"]). Both costs, the G
+calls and the resident bytes, are findings, not hidden.
 
 _int_mm's second operand is passed as q.t() of a row-major [N, K] weight (column-major [K, N]):
 on our CPU that is 2-3x faster than a contiguous [K, N] copy (oneDNN's preferred weight layout).
@@ -86,14 +111,49 @@ class QuantLinear(nn.Module):
     def _mm_python(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # --- stored form: what state_dict() holds, when it is not what forward reads
+
+    def _stored_form(self, resident: dict) -> dict:
+        """name → tensor as stored, from this module's buffers as they run; the same here (override)."""
+        return resident
+
+    def _resident_form(self, stored: dict) -> dict:
+        """name → tensor as forward reads it, from the stored ones; inverse of `_stored_form`."""
+        return stored
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        own: dict = {}
+        super()._save_to_state_dict(own, "", keep_vars)
+        destination.update((prefix + name, t) for name, t in self._stored_form(own).items())
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # state_dict is load_state_dict's own copy: replace this module's stored tensors by resident ones.
+        # Converting needs all of them, so a module loads whole or not at all, and names what is missing.
+        names = [k[len(prefix):] for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):]]
+        want = [name for name, t in self._stored_meta().items() if t is not None]
+        if any(name not in names for name in want):
+            missing_keys.extend(prefix + name for name in want if name not in names)
+            unexpected_keys.extend(prefix + name for name in names if name not in want)
+            return
+        stored = {name: state_dict.pop(prefix + name) for name in names}
+        state_dict.update((prefix + name, t) for name, t in self._resident_form(stored).items())
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def _stored_meta(self) -> dict:
+        """name → the stored tensor on the meta device (None: an absent optional one, the bias): no data."""
+        return self._stored_form({name: None if b is None else b.to("meta") for name, b in self._buffers.items()})
+
     # --- artifacts (variants/artifact.py): rebuild a module as it runs, without quantizing again
 
     def state(self) -> dict:
         """JSON metadata that, with this module's state_dict, rebuilds it (`from_state`).
 
         Every plain attribute the constructor set (shapes, dtype, path, device type, group size,
-        padding, kernel label, notes) and which buffers hold a tensor; the tensors themselves are saved
-        by the caller. An attribute of another type raises TypeError, so an artifact never drops state."""
+        padding, kernel label, notes) and which of the stored tensors (state_dict's names) are present;
+        the tensors themselves are saved by the caller. An attribute of another type raises TypeError,
+        so an artifact never drops state."""
         attrs: dict = {}
         for key, value in vars(self).items():
             if key.startswith("_") or key == "training":
@@ -107,11 +167,12 @@ class QuantLinear(nn.Module):
                                 "cannot record")
             attrs[key] = value
         return {"class": type(self).__name__, "attrs": attrs,
-                "buffers": {name: b is not None for name, b in self._buffers.items()}}
+                "buffers": {name: t is not None for name, t in self._stored_meta().items()}}
 
     @classmethod
     def from_state(cls, state: dict, tensors: dict[str, torch.Tensor]) -> "QuantLinear":
-        """The module `state()` described, holding `tensors` (its own state_dict) as its buffers."""
+        """The module `state()` described, holding `tensors` (its own state_dict, the stored form) in
+        their resident form. Meta tensors give the module's shapes for free, for load_state_dict to fill."""
         if state.get("class") != cls.__name__:
             raise ValueError(f"state of a {state.get('class')}, not of a {cls.__name__}")
         expected = {name for name, present in state["buffers"].items() if present}
@@ -126,7 +187,11 @@ class QuantLinear(nn.Module):
                 value = tuple(value["tuple"])
             setattr(module, key, value)
         for name, present in state["buffers"].items():
-            module.register_buffer(name, tensors[name] if present else None)
+            if not present:
+                module.register_buffer(name, None)
+        stored = {name: tensors[name] for name, present in state["buffers"].items() if present}
+        for name, t in module._resident_form(stored).items():
+            module.register_buffer(name, t)
         return module
 
 
@@ -291,15 +356,32 @@ class W4A8(_GroupWise):
             self.kernel = f"python dequant int4→{DTYPE_NAMES[dtype]} + fake-quant activations + aten::mm"
             return
         q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), group_size, dtype)
-        n, k = q.shape
-        centred = (q.to(torch.int8) - qp.INT4_MID).reshape(n, k // group_size, group_size)
-        self.register_buffer("qweight", centred.transpose(0, 1).contiguous())  # [G, N, gs] int8 in [-8, 7]
-        self.register_buffer("scales", s.t().contiguous())                      # [G, N] dtype
-        self.register_buffer("zeros", z.t().contiguous())                       # [G, N] dtype
+        self.register_buffer("qweight", qp.int4_group_major(q, group_size))  # [G, N, gs] int8 in [-8, 7]
+        self.register_buffer("scales", s.t().contiguous())                  # [G, N] dtype
+        self.register_buffer("zeros", z.t().contiguous())                   # [G, N] dtype
         self.kernel = "ours: torch._int_mm per int4 group (int8 activations)"
         self.notes += ("w4a8 has no aten kernel here: ours runs one torch._int_mm per group "
-                       "(in_features / group_size calls a layer) and holds the int4 values unpacked as int8 "
-                       "(8 bits a weight resident, + scales and zeros)",)
+                       "(in_features / group_size calls a layer) and holds the int4 values unpacked as int8: "
+                       "stored packed at 4 bits a weight (+ scales and zeros), resident at 8",)
+
+    def _stored_form(self, resident):
+        """Kernel path: int8 [G, N, gs] → nibbles [N, K'/2] and scales, zeros [G, N] → [N, G], the python
+        path's tensors. Lossless; the python path stores what it runs."""
+        if self.path == "python":
+            return resident
+        out = dict(resident)
+        q, s, z = out.pop("qweight"), out.pop("scales"), out.pop("zeros")
+        return out | {"qpacked": qp.pack_nibbles(qp.int4_from_group_major(q)),
+                      "scales": s.t().contiguous(), "zeros": z.t().contiguous()}
+
+    def _resident_form(self, stored):
+        """Kernel path: unpack once (at load) into the layout `_mm` reads; inverse of `_stored_form`."""
+        if self.path == "python":
+            return stored
+        out = dict(stored)
+        p, s, z = out.pop("qpacked"), out.pop("scales"), out.pop("zeros")
+        return out | {"qweight": qp.int4_group_major(qp.unpack_nibbles(p), self.group_size),
+                      "scales": s.t().contiguous(), "zeros": z.t().contiguous()}
 
     def _mm(self, x):
         xq, a = qp.quantize_int8_per_token(self._pad_x(x))

@@ -96,6 +96,19 @@ def unpack_nibbles(p: torch.Tensor) -> torch.Tensor:
     return torch.stack((p & 0x0F, p >> 4), dim=-1).reshape(p.shape[0], -1)
 
 
+def int4_group_major(q: torch.Tensor, group_size: int) -> torch.Tensor:
+    """q [N, K] in [0, 15] → int8 [G, N, group_size] in [-8, 7]: centred, one [N, gs] slab per group
+    (the layout W4A8's kernel runs: its torch._int_mm operand for group g is slab g, transposed)."""
+    n, k = q.shape
+    return (q.to(torch.int8) - INT4_MID).reshape(n, k // group_size, group_size).transpose(0, 1).contiguous()
+
+
+def int4_from_group_major(qg: torch.Tensor) -> torch.Tensor:
+    """int8 [G, N, gs] in [-8, 7] → uint8 [N, G·gs] in [0, 15]; inverse of int4_group_major."""
+    g, n, gs = qg.shape
+    return (qg.transpose(0, 1).reshape(n, g * gs) + INT4_MID).to(torch.uint8)
+
+
 def scales_and_zeros(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """s, z [N, G] → [G, N, 2], the layout of aten's tinygemm int4 kernels."""
     return torch.stack((s.t(), z.t()), dim=-1).contiguous()

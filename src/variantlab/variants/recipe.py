@@ -35,6 +35,15 @@ class VariantFacts:
                 "kernels": list(self.kernels), "notes": list(self.notes), "extra": self.extra}
 
 
+@dataclass(frozen=True)
+class BuildContext:
+    """What a recipe may use besides the model: the checkpoint's tokenizer and calibration text
+    (the suite's `calibration:` dataset, else its workload's prompts and answers)."""
+
+    tokenizer: Any = None
+    calibration_texts: tuple[str, ...] = ()
+
+
 class Recipe(Protocol):
     name: str
     description: str
@@ -46,12 +55,12 @@ class Recipe(Protocol):
     def load_dtype(self, options: BaseModel) -> Any:
         """torch dtype to load the checkpoint in."""
 
-    def apply(self, model: Any, options: BaseModel, device: str) -> VariantFacts:
+    def apply(self, model: Any, options: BaseModel, device: str, context: BuildContext | None = None) -> VariantFacts:
         """Convert the loaded model in place; return facts about the result."""
 
 
 def weight_facts(model) -> tuple[int, int]:
-    """(parameters, bytes) of a model's persistent state as it would be stored; tied tensors count once."""
+    """(parameters, bytes) of a model's persistent state as stored (its state_dict); tied tensors count once."""
     seen: set[tuple[int, int, int]] = set()
     params = nbytes = 0
     for t in model.state_dict().values():
@@ -62,6 +71,25 @@ def weight_facts(model) -> tuple[int, int]:
         nbytes += t.numel() * t.element_size()
         params += t.numel()
     return params, nbytes
+
+
+def resident_bytes(model) -> int:
+    """Bytes of a model's weights as they run: parameters and persistent buffers in memory, tied tensors
+    once. The same as `weight_facts`' stored bytes unless a module runs another form than it stores
+    (W4A8: int4 packed two a byte as stored, unpacked to int8 as it runs). Buffers the config computes
+    (RoPE's inv_freq, not saved) count in neither."""
+    seen: set[tuple[int, int, int]] = set()
+    nbytes = 0
+    for m in model.modules():
+        buffers = (b for name, b in m._buffers.items() if name not in m._non_persistent_buffers_set)
+        for t in (*m._parameters.values(), *buffers):
+            if t is None:
+                continue
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+            if key not in seen:
+                seen.add(key)
+                nbytes += t.numel() * t.element_size()
+    return nbytes
 
 
 def cast_parameters(model, dtype) -> None:

@@ -1,0 +1,201 @@
+"""In-process PyTorch engine: one greedy, KV-cached decode loop that streams every token as it lands.
+
+`stream` runs B >= 1 requests together (nanochat's "stream first; batching wraps the stream"): a
+batch of one is the single-request case, with no padding and no attention mask, so the hot path
+is a forward, an argmax and one host read per token. B > 1 left-pads the prompts and passes an
+attention mask and position ids that skip the padding. Prefill, then one token per forward with
+transformers' DynamicCache. Per step the host reads the new tokens once (`.tolist()`, which
+synchronises the device), then the clock once, then yields a TokenEvent for each request still
+running, so a token's time is when it was really available. Rows that finished keep computing in
+the batch until every row has finished (and yield nothing more).
+
+The steps run in inference mode, entered per step and never held across a yield, so the caller's
+code between tokens keeps its own autograd mode; a caller that already runs in inference mode (the
+measuring worker should) saves that toggle. On the shipped 0.65 ms/token model the toggle, like any
+other Python work per token, costs a measurable fraction of a percent.
+
+Stop rules belong to the request (backends/stopping.py: EOS, stop strings, max_new_tokens); the
+engine has no stop habits of its own. The first request with stop strings decodes the vocabulary
+once (`vocabulary`; a few ms for 1k ids), so let a warm-up request carry the same stop strings.
+The naive reference this loop is tested against (no cache, the whole sequence each step) lives in
+tests/backends/test_torch_engine.py, with transformers' own `generate`;
+benchmarks/harness_overhead.py measures what the loop costs over a bare one.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from .base import Capabilities, Clock, GenerationRequest, ScoredText, TokenEvent
+from .stopping import RequestStop, StopSpec, Vocabulary, build_spec
+
+
+class TorchEngine:
+    """The Backend protocol (backends/base.py) over a transformers causal LM and its tokenizer."""
+
+    capabilities = Capabilities(batching=True, token_timestamps=True, scoring=True, token_input=True)
+
+    def __init__(self, model, tokenizer, device: str, tokenizer_id: str = "", clock: Clock = time.perf_counter):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.tokenizer_class = type(tokenizer).__name__
+        self.device = torch.device(device)
+        self.tokenizer_id = tokenizer_id
+        self.clock = clock
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
+        self._vocab: Vocabulary | None = None
+        self._specs: dict[tuple[tuple[str, ...], bool], StopSpec] = {}
+
+    # ------------------------------------------------------------------ text
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, with the special tokens the tokenizer adds (BOS)."""
+        return self.tokenizer(text, add_special_tokens=True).input_ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids, special tokens dropped: what stop strings are matched against."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """Every id's text, decoded on first use and kept: what stop-string checks read."""
+        if self._vocab is None:
+            self._vocab = Vocabulary(self.tokenizer, getattr(getattr(self.model, "config", None), "vocab_size", 0))
+        return self._vocab
+
+    def _spec(self, req: GenerationRequest) -> StopSpec:
+        key = (req.stop, req.stop_on_eos)
+        if key not in self._specs:
+            vocab = self.vocabulary if req.stop else None
+            self._specs[key] = build_spec(vocab, req.stop, self.eos_ids if req.stop_on_eos else frozenset())
+        return self._specs[key]
+
+    def _stop_rules(self, req: GenerationRequest) -> RequestStop:
+        spec = self._spec(req)
+        return RequestStop(spec, self.vocabulary if spec.needs_text else None, req.max_new_tokens)
+
+    # ------------------------------------------------------------------ generation
+
+    def stream(self, requests: Sequence[GenerationRequest]) -> Iterator[TokenEvent]:
+        """Greedy-decode `requests` together; yield each token (in request order per step) as it lands."""
+        if not requests:
+            return
+        rows = [self._stop_rules(r) for r in requests]
+        prompts = [list(r.prompt_ids) if r.prompt_ids is not None else self.encode(r.prompt) for r in requests]
+        if any(not p for p in prompts):
+            raise ValueError("a prompt must have at least one token")
+        n_in = [len(p) for p in prompts]
+        clock, step = self.clock, self._step
+        cache = DynamicCache()
+        no_autograd = torch.inference_mode()
+        with no_autograd:
+            if len(prompts) == 1:
+                ids = torch.tensor(prompts, dtype=torch.long, device=self.device)        # (1, T)
+                logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+                mask = pos = None
+            else:
+                ids, mask = self._left_pad(prompts)                                     # (B, T) each
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)                                # positions skip the padding
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                    past_key_values=cache, use_cache=True).logits
+                pos = pos[:, -1:]                                                       # (B, 1)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)                                # (B, 1)
+            host = nxt.tolist()                                      # [[id] * B]; synchronises the device
+        finish = [row.finish for row in rows]
+        running = list(range(len(rows)))
+        prompt_tokens: list[int] | None = n_in           # on each request's first event only
+        while True:
+            now = clock()
+            still = []
+            for b in running:
+                tok = host[b][0]
+                why = finish[b](tok)
+                yield TokenEvent(b, tok, now, why, None if prompt_tokens is None else prompt_tokens[b])
+                if why is None:
+                    still.append(b)
+            running, prompt_tokens = still, None
+            if not running:
+                return
+            # Inference mode is held per step, never across a yield (the caller's code between tokens
+            # keeps its own mode); a caller that already runs in it (the worker) saves the toggle.
+            if torch.is_inference_mode_enabled():
+                nxt, host, mask, pos = step(nxt, cache, mask, pos)
+            else:
+                with no_autograd:
+                    nxt, host, mask, pos = step(nxt, cache, mask, pos)
+
+    def _step(self, nxt, cache, mask, pos):
+        """One decode step: the last tokens (B, 1) in, the next tokens (B, 1) and their host copy out."""
+        if mask is None:
+            logits = self.model(input_ids=nxt, past_key_values=cache, use_cache=True).logits
+        else:
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)            # (B, T + steps)
+            pos = pos + 1
+            logits = self.model(input_ids=nxt, attention_mask=mask, position_ids=pos,
+                                past_key_values=cache, use_cache=True).logits
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        return nxt, nxt.tolist(), mask, pos                                             # .tolist() synchronises
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(map(len, prompts))
+        ids = [[self.pad_id] * (width - len(p)) + p for p in prompts]
+        mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+        return (torch.tensor(ids, dtype=torch.long, device=self.device),
+                torch.tensor(mask, dtype=torch.long, device=self.device))
+
+    # ------------------------------------------------------------------ teacher-forced scoring
+
+    @torch.inference_mode()
+    def score(self, texts: Sequence[str]) -> list[ScoredText]:
+        """Log-probabilities of every next token of each text; see base.ScoredText for n_bytes."""
+        out = []
+        vocab_size = getattr(getattr(self.model, "config", None), "vocab_size", 0)
+        for text in texts:
+            ids, predicted = self._predicted(text)
+            if ids:
+                t = torch.tensor([ids], dtype=torch.long, device=self.device)
+                logits = self.model(input_ids=t).logits[0, :-1].float()               # (T-1, V)
+            else:
+                logits = torch.zeros(0, vocab_size, device=self.device)
+            finite = torch.isfinite(logits).all(-1)                                   # (T-1,)
+            first_bad = None if bool(finite.all()) else int((~finite).nonzero()[0, 0])
+            logprobs = torch.log_softmax(logits, dim=-1)
+            out.append(ScoredText(logprobs.cpu().numpy().astype(np.float32),
+                                  np.asarray(ids[1:], dtype=np.int64), tuple(ids), predicted, first_bad))
+        return out
+
+    def _predicted(self, text: str) -> tuple[list[int], int]:
+        """Token ids of text, and the UTF-8 bytes of it that teacher forcing predicts.
+
+        Every token but the first is predicted. A BOS (or other special) first token covers no
+        text, so every byte is; otherwise the first token's text is never predicted, and its end
+        offset says where the predicted text starts. (A first character split over several byte
+        tokens counts whole as not predicted: at most 3 bytes too few, once per text.)"""
+        total = len(text.encode("utf-8"))
+        special = self.tokenizer.all_special_ids
+        if not getattr(self.tokenizer, "is_fast", False):   # no offsets: the first token's text, re-decoded
+            ids = self.encode(text)
+            if not ids or ids[0] in special:
+                return ids, total
+            return ids, max(0, total - len(self.decode(ids[:1]).encode("utf-8")))
+        enc = self.tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+        ids, offsets = enc.input_ids, enc.offset_mapping
+        if not ids or ids[0] in special:
+            return ids, total
+        return ids, len(text[offsets[0][1]:].encode("utf-8"))
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    """The tokenizer's EOS and the generation config's (an id or a list of ids)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen, int):
+        ids.add(gen)
+    elif gen is not None:
+        ids.update(int(i) for i in gen)
+    return frozenset(ids)

@@ -1,0 +1,123 @@
+"""The plan: a checked suite turned into what will run — variants, samples, trackers, rounds, order.
+
+Interleaved rounds: each variant is measured in `rounds` fresh processes; round r runs the
+variants in a rotated order (A B C, then B C A, then C A B, …) or, with `order: random`, in an
+order shuffled by the suite's seed. Anything that drifts on the machine between minutes (another
+job, a frequency change) then lands on every variant alike, and per-round paired ratios cancel
+what a round shares (asv and Google Benchmark interleave for the same reason).
+
+`make_plan` raises every input problem (VariantlabError) before anything runs; planning never
+imports torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data.jsonl import load_jsonl
+from ..data.structured import generate_samples
+from ..models.loading import check_model_dir, resolve_model_path
+from ..suite import Suite, load_suite
+from ..variants.build import VariantDefinition
+from ..variants.registry import resolve_variant_attention, resolve_variant_recipe
+from .trackers import standard_trackers
+
+CALIBRATION_LIMIT = 512   # texts handed to a build job at most
+
+
+@dataclass(frozen=True)
+class PlannedVariant:
+    definition: VariantDefinition
+    source: Path                      # the checkpoint it is built from
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+
+@dataclass(frozen=True)
+class Plan:
+    suite: Suite
+    suite_path: str
+    variants: tuple[PlannedVariant, ...]     # baseline first
+    samples: tuple[dict, ...]
+    calibration_texts: tuple[str, ...]
+    trackers: tuple
+    rounds: int
+
+    @property
+    def baseline(self) -> str:
+        return self.suite.baseline_name
+
+    def variant(self, name: str) -> PlannedVariant:
+        return next(v for v in self.variants if v.name == name)
+
+    def order(self, round_index: int) -> list[str]:
+        """The variants in the order round `round_index` measures them."""
+        names = [v.name for v in self.variants]
+        if self.suite.order == "random":
+            random.Random(self.suite.seed * 1_000_003 + round_index).shuffle(names)
+            return names
+        k = round_index % len(names)
+        return names[k:] + names[:k]
+
+    def with_rounds(self, rounds: int) -> "Plan":
+        if rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {rounds}")
+        return dataclasses.replace(self, rounds=rounds)
+
+    def to_json(self) -> dict:
+        return {"baseline": self.baseline, "rounds": self.rounds,
+                "variants": [v.definition.to_json() | {"source": str(v.source)} for v in self.variants],
+                "order": [self.order(r) for r in range(self.rounds)],
+                "trackers": [{"kind": t.kind, "config": t.config()} for t in self.trackers],
+                "samples": len(self.samples)}
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), not every core of the machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _dataset(ds, base_dir: Path) -> list[dict]:
+    if ds.path is not None:
+        p = Path(ds.path)
+        samples = load_jsonl(p if p.is_absolute() else base_dir / p, limit=ds.n)
+    else:
+        samples = generate_samples(ds.n, ds.seed)
+    return [dict(s) | {"id": str(s.get("id", i))} for i, s in enumerate(samples)]
+
+
+def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
+    """Resolve and check every model and recipe, and load the datasets; raise on bad input."""
+    base_model = resolve_model_path(suite.model, base_dir, file=suite_path, field="model")
+    check_model_dir(base_model, file=suite_path, field="model")
+    planned = []
+    for i, v in enumerate(suite.variants):
+        field = f"variants[{i}]"
+        recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)
+        attention = resolve_variant_attention(v, file=suite_path, field=field)
+        path = base_model
+        if v.model is not None:
+            path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
+            check_model_dir(path, file=suite_path, field=f"{field}.model")
+        planned.append(PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options),
+                                                        v.compile), path))
+    planned.sort(key=lambda p: p.name != suite.baseline_name)
+    samples = _dataset(suite.workload.dataset, base_dir)
+    calib = _dataset(suite.calibration, base_dir) if suite.calibration else samples
+    texts = tuple(s["prompt"] + " " + s["answer"] for s in calib[:CALIBRATION_LIMIT])
+    return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(standard_trackers(suite, len(samples))),
+                suite.rounds)
+
+
+def plan_suite_file(suite_path: str | Path) -> Plan:
+    """Load and check a suite file: every input problem is raised here, before anything runs."""
+    suite_path = str(suite_path)
+    return make_plan(load_suite(suite_path), suite_path, Path(suite_path).resolve().parent)

@@ -1,0 +1,135 @@
+"""What the scenarios share: their output record, warm-up over every shape they will send, and
+the per-request metric rows (DESIGN.md's E2EL, TTFT, TPOT, ITL, throughput, goodput).
+
+Warm-up covers shapes: a kernel's first call at a new shape can carry one-off costs (bf16 prefill
+at an unseen prompt length ran 1.4–1.6x slower than at a repeated one on our CPUs), so before
+timing, each scenario sends one short request (prefill + one decode step) per distinct shape it
+will send — every prompt length, every batch — then its `warmup` full requests.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+from pydantic import Field
+
+from ...backends.base import GenerationRequest, run_requests
+from .. import metrics as m
+from ..records import RequestRecord, ScenarioPass
+from ..stats import mean, quantile
+from ..tracker import MetricDef, Output
+
+WARMUP_TOKENS = 2   # prefill and one decode step: every kernel a shape reaches
+
+
+class PassOutput(Output):
+    """One timed pass: the wall clock around it and every request it sent."""
+
+    start: float
+    end: float
+    records: tuple[RequestRecord, ...]
+
+    def to_pass(self, scenario: str) -> ScenarioPass:
+        return ScenarioPass(scenario, self.start, self.end, self.records)
+
+
+class ScenarioOutput(Output):
+    passes: tuple[PassOutput, ...]
+    shapes: str = Field(description="the shapes it sent, for the memory row's coverage note")
+    warmed_shapes: int = 0
+
+
+def warm_up(backend, batches: Sequence[Sequence[GenerationRequest]], full: Sequence[Sequence[GenerationRequest]]) -> int:
+    """One short run of each distinct batch shape (batch size, longest prompt), then the full warm-up
+    batches; nothing recorded. Returns how many shapes were warmed."""
+    seen: set[tuple[int, int]] = set()
+    for batch in batches:
+        shape = (len(batch), max(_prompt_len(backend, r) for r in batch))
+        if shape in seen:
+            continue
+        seen.add(shape)
+        run_requests(backend, [_short(r) for r in batch])
+    for batch in full:
+        run_requests(backend, list(batch))
+    return len(seen)
+
+
+def _short(r: GenerationRequest) -> GenerationRequest:
+    return GenerationRequest(f"warmup-{r.request_id}", r.prompt, r.prompt_ids, WARMUP_TOKENS, stop_on_eos=False)
+
+
+def _prompt_len(backend, r: GenerationRequest) -> int:
+    return len(r.prompt_ids) if r.prompt_ids is not None else len(backend.encode(r.prompt))
+
+
+def requests_for(samples: Sequence[dict], count: int, settings, offset: int = 0) -> list[GenerationRequest]:
+    """`count` requests cycling through the samples, with the workload's stop rules."""
+    out = []
+    for i in range(offset, offset + count):
+        s = samples[i % len(samples)]
+        out.append(GenerationRequest(str(s.get("id", i % len(samples))), prompt=s["prompt"],
+                                     max_new_tokens=settings.max_new_tokens, stop=settings.stop))
+    return out
+
+
+def shapes_text(records: Sequence[RequestRecord], batch: int) -> str:
+    lengths = [r.tokens_in for r in records]
+    out = max((r.tokens_out for r in records), default=0)
+    if not lengths:
+        return "nothing sent"
+    span = f"{min(lengths)}–{max(lengths)}" if min(lengths) != max(lengths) else f"{lengths[0]}"
+    return f"batches of {batch} × {span} prompt tokens, up to {out} new"
+
+
+# ---------------------------------------------------------------- rows
+
+def labelled(name: str, rows) -> tuple[MetricDef, ...]:
+    """Rows labelled with the scenario they come from: "TPOT p50 [single-stream]"."""
+    return tuple(dataclasses.replace(d, label=f"{d.label} [{name}]") for d in rows)
+
+
+def _records(out: ScenarioOutput) -> list[RequestRecord]:
+    return [r for p in out.passes for r in p.records]
+
+
+def latency_rows(slo: dict) -> tuple[MetricDef, ...]:
+    """Per-request rows of a scenario whose requests each stand alone: E2EL, TTFT, TPOT, ITL, goodput."""
+    def per_request(metric: Callable) -> Callable[[ScenarioOutput], list[float]]:
+        return lambda out: metric(_records(out))
+
+    def row(key: str, label: str, metric: Callable, statistic, **kw) -> MetricDef:
+        kw.setdefault("sample_name", "requests")
+        return MetricDef(key, label, "s", True, "samples", per_request(metric), statistic, **kw)
+
+    rows = [
+        row("e2el_p50", "E2EL p50", m.e2el, quantile(50)),
+        row("e2el_p90", "E2EL p90", m.e2el, quantile(90)),
+        row("e2el_p95", "E2EL p95", m.e2el, quantile(95)),
+        row("e2el_p99", "E2EL p99", m.e2el, quantile(99)),
+        row("e2el_mean", "E2EL mean", m.e2el, mean),
+        row("ttft_p50", "TTFT p50", m.ttft, quantile(50), headline=4),
+        row("ttft_p95", "TTFT p95", m.ttft, quantile(95)),
+        row("ttft_p99", "TTFT p99", m.ttft, quantile(99)),
+        row("tpot_p50", "TPOT p50", m.tpot, quantile(50), headline=5, checks_stability=True),
+        row("tpot_p95", "TPOT p95", m.tpot, quantile(95)),
+        row("itl_p50", "ITL p50", m.itl, quantile(50), sample_name="token gaps"),
+        row("itl_p95", "ITL p95", m.itl, quantile(95), sample_name="token gaps"),
+        row("itl_p99", "ITL p99", m.itl, quantile(99), sample_name="token gaps"),
+        MetricDef("output_throughput", "Output throughput", "tok/s", False, "samples", pass_rate(m.output_throughput),
+                  mean),
+    ]
+    objectives = {k: v for k, v in (slo or {}).items() if v is not None}
+    if objectives:
+        goal = m.SLO(**objectives)
+        rows.append(MetricDef("goodput", "Goodput (" + ", ".join(f"{k.removesuffix('_s').upper()} ≤ {v:g} s"
+                                                                   for k, v in objectives.items()) + ")",
+                              "req/s", False, "samples",
+                              lambda out: [x for p in out.passes
+                                           if (x := m.goodput(p.records, p.end - p.start, goal)) is not None],
+                              mean))
+    return tuple(rows)
+
+
+def pass_rate(metric: Callable) -> Callable[[ScenarioOutput], list[float]]:
+    """One sample per pass: metric(ScenarioPass) (a rate over the pass's wall time)."""
+    return lambda out: [x for p in out.passes if (x := metric(p.to_pass(""))) is not None]

@@ -1,0 +1,107 @@
+"""length-sweep: prefill time and per-token decode time at exact prompt lengths.
+
+Per length, `repeats` requests of exactly that many prompt tokens (the dataset's prompts
+concatenated and cut), each decoding `decode_tokens` tokens with every stop rule off. A record's
+TTFT is its prefill time; its TPOT the per-token decode time at that context length. Warm-up runs
+each length once, short. Needs a backend that takes token-id prompts.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ...backends.base import Clock, GenerationRequest, run_requests
+from .. import metrics as m
+from ..tracker import MetricDef, WorkloadSettings
+from .common import PassOutput, ScenarioOutput, labelled, warm_up
+
+
+class LengthSweepSpec(BaseModel):
+    """Prefill time and per-token decode time at given prompt lengths (one request at a time)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["length-sweep"]
+    name: str | None = Field(None, description="row label and key (default: the type)")
+    lengths: list[int] = Field(default_factory=lambda: [128, 512, 2048], min_length=1,
+                               description="prompt lengths in tokens")
+    decode_tokens: int = Field(16, ge=2, description="tokens decoded after each prompt (stop rules off)")
+    repeats: int = Field(3, ge=1, description="requests per length (per round)")
+    warmup: int = Field(1, ge=0, description="full unmeasured requests at the shortest length")
+
+    @field_validator("lengths")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(n < 1 for n in v):
+            raise ValueError("every length must be at least 1 token")
+        return sorted(set(v))
+
+    def context_lengths(self) -> list[int]:
+        return list(self.lengths)
+
+
+def prompt_of_length(backend, samples, length: int) -> list[int]:
+    """Token ids of exactly `length` tokens: the dataset's prompts, concatenated and cut."""
+    ids: list[int] = []
+    i = 0
+    while len(ids) < length:
+        ids += backend.encode(samples[i % len(samples)]["prompt"] + "\n")
+        i += 1
+    return ids[:length]
+
+
+@dataclass(frozen=True)
+class LengthSweep:
+    spec: LengthSweepSpec
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    clock: Clock = time.perf_counter
+    kind = "length-sweep"
+    once = False
+    output_model = ScenarioOutput
+    spec_model = LengthSweepSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.kind
+
+    def config(self) -> dict:
+        return {"spec": self.spec.model_dump(mode="json"), "workload": self.workload.to_json()}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "LengthSweep":
+        return cls(LengthSweepSpec.model_validate(config["spec"]), WorkloadSettings.from_json(config["workload"]))
+
+    def metrics(self) -> tuple[MetricDef, ...]:
+        def at(n: int, metric):
+            return lambda out: metric([r for p in out.passes for r in p.records if r.tokens_in == n])
+        return labelled(self.name, (d for n in self.spec.lengths for d in (
+            MetricDef(f"prefill_{n}", f"Prefill @{n} tokens", "s", True, "samples", at(n, m.ttft)),
+            MetricDef(f"decode_{n}", f"Decode per token @{n}", "s", True, "samples", at(n, m.tpot)))))
+
+    def _request(self, rid: str, ids: list[int], tokens: int) -> GenerationRequest:
+        return GenerationRequest(rid, prompt_ids=tuple(ids), max_new_tokens=tokens, stop_on_eos=False)
+
+    def run(self, ctx) -> ScenarioOutput:
+        backend, s = ctx.backend, self.spec
+        if not backend.capabilities.token_input:
+            raise ValueError("this backend takes no token-id prompts; the length sweep needs exact lengths")
+        longest = prompt_of_length(backend, ctx.samples, max(s.lengths))  # each shorter prompt is its start
+        prompts = {n: longest[:n] for n in s.lengths}
+        warmed = warm_up(backend, [[self._request(f"len{n}", prompts[n], s.decode_tokens)] for n in s.lengths],
+                         [[self._request(f"warmup-{w}", prompts[s.lengths[0]], s.decode_tokens)]
+                          for w in range(s.warmup)])
+        start = self.clock()
+        records = []
+        total = len(s.lengths) * s.repeats
+        for n in s.lengths:
+            for r in range(s.repeats):
+                records += run_requests(backend, [self._request(f"len{n}-{r}", prompts[n], s.decode_tokens)],
+                                        self.clock)
+                ctx.progress(self.name, len(records) / total)
+        shapes = f"1 × {', '.join(map(str, s.lengths))} prompt tokens, {s.decode_tokens} new"
+        ctx.shapes.append(f"{self.name}: {shapes}")
+        return ScenarioOutput(passes=(PassOutput(start=start, end=self.clock(), records=tuple(records)),),
+                              shapes=shapes, warmed_shapes=warmed)

@@ -1,0 +1,89 @@
+"""offline: the whole dataset in batches, as one timed pass: single-task latency and throughput.
+
+A pass's wall time is DESIGN.md's single-task latency (the analysis's "6.8 min"). Passes repeat
+until both `passes` and `min_duration_s` are reached. Warm-up runs each batch of the pass once,
+short (prefill + one decode step), then `warmup` full batches. A backend that cannot batch gets
+the requests one at a time (its shapes note says so).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...backends.base import Clock, run_requests
+from .. import metrics as m
+from ..stats import mean
+from ..tracker import MetricDef, WorkloadSettings
+from .common import PassOutput, ScenarioOutput, labelled, pass_rate, requests_for, shapes_text, warm_up
+
+
+class OfflineSpec(BaseModel):
+    """The whole dataset in batches: single-task latency and throughput."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["offline"]
+    name: str | None = Field(None, description="row label and key (default: the type)")
+    batch_size: int = Field(16, ge=1)
+    passes: int = Field(3, ge=1, description="minimum number of timed passes over the dataset (per round)")
+    min_duration_s: float = Field(0.0, ge=0, description="keep passing until this much time has passed")
+    warmup: int = Field(1, ge=0, description="full batches run first and not measured (after one short run "
+                                             "of each batch shape)")
+
+    def context_lengths(self) -> list[int]:
+        return []
+
+
+@dataclass(frozen=True)
+class Offline:
+    spec: OfflineSpec
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    clock: Clock = time.perf_counter
+    kind = "offline"
+    once = False
+    output_model = ScenarioOutput
+    spec_model = OfflineSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.kind
+
+    def config(self) -> dict:
+        return {"spec": self.spec.model_dump(mode="json"), "workload": self.workload.to_json()}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Offline":
+        return cls(OfflineSpec.model_validate(config["spec"]), WorkloadSettings.from_json(config["workload"]))
+
+    def metrics(self) -> tuple[MetricDef, ...]:
+        return labelled(self.name, (
+            MetricDef("single_task_latency", "Single-task latency (whole dataset)", "s", True, "samples",
+                      lambda out: [p.end - p.start for p in out.passes], mean, headline=3, checks_stability=True),
+            MetricDef("output_throughput", "Output throughput", "tok/s", False, "samples",
+                      pass_rate(m.output_throughput), mean, headline=6, checks_stability=True),
+            MetricDef("peak_throughput", "Peak throughput (best 1 s)", "tok/s", False, "samples",
+                      lambda out: [x for p in out.passes if (x := m.peak_throughput(p.records)) is not None], mean),
+        ))
+
+    def _batches(self, backend, samples) -> list[list]:
+        size = self.spec.batch_size if backend.capabilities.batching else 1
+        requests = requests_for(samples, len(samples), self.workload)
+        return [requests[k:k + size] for k in range(0, len(requests), size)]
+
+    def run(self, ctx) -> ScenarioOutput:
+        backend, s = ctx.backend, self.spec
+        batches = self._batches(backend, ctx.samples)
+        warmed = warm_up(backend, batches, [batches[w % len(batches)] for w in range(s.warmup)])
+        passes = []
+        start = self.clock()
+        while len(passes) < s.passes or self.clock() - start < s.min_duration_s:
+            t0 = self.clock()
+            records = [rec for batch in batches for rec in run_requests(backend, batch, self.clock)]
+            passes.append(PassOutput(start=t0, end=self.clock(), records=tuple(records)))
+            ctx.progress(self.name, min(1.0, len(passes) / s.passes))
+        shapes = shapes_text(passes[0].records, len(batches[0]))
+        ctx.shapes.append(f"{self.name}: {shapes}")
+        return ScenarioOutput(passes=tuple(passes), shapes=shapes, warmed_shapes=warmed)

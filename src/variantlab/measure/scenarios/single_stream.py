@@ -1,0 +1,76 @@
+"""single-stream: one request at a time, cycling through the dataset: per-request latency.
+
+After warm-up (one short request per distinct prompt length it will send, then `warmup` full
+requests), it sends requests one by one until both `requests` and `min_duration_s` are reached.
+One timed pass; its records give E2EL, TTFT, TPOT, ITL, output throughput and goodput.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...backends.base import Clock, run_requests
+from ..tracker import MetricDef, WorkloadSettings
+from .common import PassOutput, ScenarioOutput, labelled, latency_rows, requests_for, shapes_text, warm_up
+
+
+class SingleStreamSpec(BaseModel):
+    """One request at a time: per-request latency (E2EL, TTFT, TPOT, ITL)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["single-stream"]
+    name: str | None = Field(None, description="row label and key (default: the type); needed when a suite "
+                                               "has two scenarios of one type")
+    requests: int = Field(16, ge=1, description="minimum number of measured requests (per round)")
+    min_duration_s: float = Field(0.0, ge=0, description="keep sending until this much time has passed")
+    warmup: int = Field(2, ge=0, description="full requests sent first and not measured (after one short "
+                                             "request per prompt length)")
+
+    def context_lengths(self) -> list[int]:
+        return []
+
+
+@dataclass(frozen=True)
+class SingleStream:
+    spec: SingleStreamSpec
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    clock: Clock = time.perf_counter
+    kind = "single-stream"
+    once = False
+    output_model = ScenarioOutput
+    spec_model = SingleStreamSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.kind
+
+    def config(self) -> dict:
+        return {"spec": self.spec.model_dump(mode="json"), "workload": self.workload.to_json()}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "SingleStream":
+        return cls(SingleStreamSpec.model_validate(config["spec"]), WorkloadSettings.from_json(config["workload"]))
+
+    def metrics(self) -> tuple[MetricDef, ...]:
+        return labelled(self.name, latency_rows(self.workload.slo))
+
+    def run(self, ctx) -> ScenarioOutput:
+        backend, samples, s = ctx.backend, ctx.samples, self.spec
+        reach = len(samples) if s.min_duration_s > 0 else min(len(samples), s.requests)
+        warmed = warm_up(backend, [[r] for r in requests_for(samples, reach, self.workload)],
+                         [[r] for r in requests_for(samples, s.warmup, self.workload)])
+        records = []
+        start = self.clock()
+        i = 0
+        while i < s.requests or self.clock() - start < s.min_duration_s:
+            records += run_requests(backend, requests_for(samples, 1, self.workload, offset=i), self.clock)
+            i += 1
+            ctx.progress(self.name, min(1.0, i / s.requests))
+        end = self.clock()
+        ctx.shapes.append(f"{self.name}: {shapes_text(records, 1)}")
+        return ScenarioOutput(passes=(PassOutput(start=start, end=end, records=tuple(records)),),
+                              shapes=shapes_text(records, 1), warmed_shapes=warmed)

@@ -1,0 +1,125 @@
+"""The tracker seam: one piece of a measurement that the worker hosts, and the metrics it owns.
+
+A measurement is a fresh process that loads one variant and runs the trackers its job names, in
+order: the scenarios (single-stream, offline, length-sweep: measure/scenarios/), then memory,
+the variant's facts, the attention-error check, grading and scoring (measure/trackers/). Each
+tracker returns one typed output (a frozen pydantic model, validated again when the record is
+read) and declares the metrics it owns as `MetricDef`s, so that analysis never looks at a
+tracker's name: it asks each tracker for its rows and how to get their samples out of an output.
+
+Kinds of metric, by how they are judged (measure/analysis.py):
+- "samples": many samples per round (per-request latencies, per-pass times): the value comes from
+  a hierarchical bootstrap over rounds then samples, the delta from per-round paired ratios;
+- "process": one value per round (cold start, peak memory): intervals over rounds; with one
+  round a single sample with no verdict;
+- "fact": deterministic, measured once per variant (model size, task accuracy on a fixed set):
+  a value and a plain percent change, never a significance verdict;
+- "versus": defined against the baseline (KLD, top-1 agreement, PPL ratio, accuracy retention):
+  the tracker's `compare(base, variant, blobs)` computes them.
+
+Adding a tracker is one module (its class, its output model, its metrics), one line in
+measure/trackers/__init__.py and one test.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Protocol, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from .stats import Statistic, median
+
+MetricKind = Literal["samples", "process", "fact", "versus"]
+TIMING_UNITS = ("s", "tok/s", "req/s")
+
+
+class Output(BaseModel):
+    """Base of every tracker output: frozen, unknown keys rejected (a version skew is an error)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A value that cannot be given, and why: "NaN logits from position 37", "not comparable: …"."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    key: str                        # unique within its tracker; a row's key is "<tracker name>.<key>"
+    label: str
+    unit: str                       # s, tok/s, req/s, B, %, ratio, bits, nats, rel
+    lower_is_better: bool | None    # None: neither (bits per weight is a fact, not a goal)
+    kind: MetricKind
+    samples: Callable[[Any], Sequence[float] | Problem] | None = None   # one round's output → samples
+    statistic: Statistic = median
+    headline: int | None = None     # position among the rows the terminal table shows by default
+    checks_stability: bool = False  # repeated measurements of one quantity: warn when they spread
+    with_delta: bool = True         # False where a percent change says nothing (errors near 0)
+    sample_name: str = "samples"    # what one sample is, for "too few requests for p99"
+
+    @property
+    def is_timing(self) -> bool:
+        return self.unit in TIMING_UNITS and self.kind in ("samples", "process")
+
+
+class HostContext(Protocol):
+    """What the worker gives a tracker (measure/worker.py builds it)."""
+
+    backend: Any                    # backends.base.Backend: the variant, loaded, behind the streaming engine
+    built: Any                      # variants.build.BuiltVariant
+    samples: tuple[dict, ...]       # the workload's samples: id, prompt, answer
+    device: str
+    shapes: list[str]               # what the scenarios have sent so far, for memory's coverage note
+    outputs: dict[str, BaseModel]   # what the trackers before this one returned
+
+    def progress(self, stage: str, fraction: float) -> None: ...
+
+    def add_blob(self, data: bytes) -> str: ...
+
+
+class Tracker(Protocol):
+    kind: str                        # registry key (measure/trackers/__init__.py)
+    name: str                        # unique in a plan; the key of its output in a record
+    once: bool                       # deterministic: run in each variant's first good round only
+    output_model: type[Output]
+
+    def config(self) -> dict:
+        """JSON from which the registry rebuilds this tracker in the worker."""
+
+    def metrics(self) -> tuple[MetricDef, ...]:
+        """The rows this tracker owns."""
+
+    def run(self, ctx: HostContext) -> Output:
+        """Measure, in the worker."""
+
+
+class Comparing(Protocol):
+    """A tracker with "versus" metrics: computes them from the baseline's and a variant's outputs."""
+
+    def compare(self, base: Output, variant: Output, blobs: Callable[[str], bytes]) -> dict[str, float | Problem]:
+        ...
+
+
+def blob_id(data: bytes) -> str:
+    """Content address of a blob: its sha256, hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    """What every scenario shares: stop rules and output length from the suite's workload, and SLOs."""
+
+    max_new_tokens: int = 24
+    stop: tuple[str, ...] = ("\n",)
+    slo: dict = field(default_factory=dict)      # ttft_s, tpot_s, e2el_s (None or absent: no objective)
+
+    def to_json(self) -> dict:
+        return {"max_new_tokens": self.max_new_tokens, "stop": list(self.stop), "slo": dict(self.slo)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "WorkloadSettings":
+        return cls(d["max_new_tokens"], tuple(d["stop"]), dict(d.get("slo") or {}))

@@ -1,0 +1,42 @@
+"""Every tracker a measurement can host, by kind: one line to add one.
+
+`standard_trackers(suite)` is the list a bench plan runs, in order: cold start, the suite's
+scenarios, memory (read after them), the variant's facts, the attention-error check, grading and
+scoring (once per variant). The worker rebuilds each from (kind, config) with `tracker_from_config`.
+"""
+from __future__ import annotations
+
+from ..scenarios import SCENARIOS, scenario_tracker
+from ..tracker import WorkloadSettings
+from .cold_start import ColdStart
+from .facts import Facts
+from .grading import Grading
+from .memory import Memory
+from .scoring import Scoring
+from .stability import DEFAULT_LENGTHS, Stability
+
+TRACKERS = {cls.kind: cls for cls in (*SCENARIOS.values(), ColdStart, Memory, Facts, Stability, Grading, Scoring)}
+
+
+def tracker_from_config(kind: str, config: dict):
+    return TRACKERS[kind].from_config(config)
+
+
+def workload_settings(suite) -> WorkloadSettings:
+    w = suite.workload
+    return WorkloadSettings(w.max_new_tokens, tuple(w.stop), suite.requirements.slo.model_dump())
+
+
+def standard_trackers(suite, n_samples: int) -> list:
+    """The trackers a bench measurement runs, in order (`n_samples`: the dataset's size, as loaded)."""
+    w = suite.workload
+    settings = workload_settings(suite)
+    lengths = sorted({n for s in w.scenarios for n in s.context_lengths()}) or list(DEFAULT_LENGTHS)
+    trackers = [ColdStart(), *(scenario_tracker(s, settings) for s in w.scenarios), Memory(), Facts(),
+                Stability(tuple(lengths))]
+    if w.accuracy.graded != 0:
+        graded = n_samples if w.accuracy.graded is None else min(w.accuracy.graded, n_samples)
+        trackers.append(Grading(graded, w.accuracy.batch_size, settings))
+    if w.accuracy.samples:
+        trackers.append(Scoring(min(w.accuracy.samples, n_samples)))
+    return trackers

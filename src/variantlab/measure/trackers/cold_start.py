@@ -1,0 +1,57 @@
+"""Cold start: a fresh process from its own start to its first token, stage by stage.
+
+The worker (measure/worker.py) times the stages from the process's own start time (the kernel's
+record of when it was created, so the figure holds wherever the worker runs, another host
+included): import (every module the variant needs: torch, transformers, the model's class and
+the tokenizer's, variantlab's kernels) → tokenizer → load (the weights only) → compile (when the
+variant asks) → first token. This tracker hands those timings on and owns their rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..stats import mean
+from ..tracker import MetricDef, Output
+
+
+class ColdStartOutput(Output):
+    import_s: float
+    tokenizer_s: float
+    load_s: float
+    compile_s: float | None = None
+    first_token_s: float
+    total_s: float
+    clock: str     # what "start" means: "process start (kernel create time)"
+
+
+def _stage(field: str):
+    return lambda out: [] if getattr(out, field) is None else [getattr(out, field)]
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    kind = "cold_start"
+    name = "cold_start"
+    once = False
+    output_model = ColdStartOutput
+
+    def config(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ColdStart":
+        return cls()
+
+    def metrics(self) -> tuple[MetricDef, ...]:
+        return (
+            MetricDef("total", "Cold start (process start → first token)", "s", True, "process", _stage("total_s"),
+                      mean, headline=8),
+            MetricDef("import", "Cold start: import", "s", True, "process", _stage("import_s"), mean),
+            MetricDef("tokenizer", "Cold start: tokenizer", "s", True, "process", _stage("tokenizer_s"), mean),
+            MetricDef("load", "Cold start: load weights", "s", True, "process", _stage("load_s"), mean),
+            MetricDef("compile", "Cold start: compile", "s", True, "process", _stage("compile_s"), mean),
+            MetricDef("first_token", "Cold start: first token", "s", True, "process", _stage("first_token_s"), mean),
+        )
+
+    def run(self, ctx) -> ColdStartOutput:
+        return ctx.cold_start

@@ -1,0 +1,252 @@
+"""The local executor (measure/executor.py): a fresh process per job, and whatever the process does —
+crash, die by a signal, write garbage or nothing, outlive its timeout — a record comes back.
+
+The worker here is a fake "python" (an executable script in tmp_path) handed to
+`LocalProcessExecutor(python=...)`; it receives `-m variantlab.measure.worker JOB RESULT` as the
+real interpreter would. One test runs the real worker on a tiny model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from variantlab.measure.executor import LocalProcessExecutor
+from variantlab.measure.wire import (BuildJob, BuildRecord, MeasureJob, MeasurementRecord, TrackerJob,
+                                     decode_job, encode_result)
+
+MEMORY = {"peak_bytes": 3_000, "baseline_bytes": 1_000, "total_bytes": 8_000, "instrument": "test", "covered": []}
+
+
+def job(**extra) -> MeasureJob:
+    fields = dict(variant={"name": "int8"}, artifact_dir="/nowhere", round=3, device="cpu", threads=1, seed=0,
+                  samples=({"id": "0", "prompt": "p", "answer": "a"},), trackers=(TrackerJob(kind="memory"),),
+                  run_once=False)
+    return MeasureJob(**(fields | extra))
+
+
+def fake_python(tmp_path: Path, body: str, shell: bool = True) -> str:
+    """An executable fake interpreter: a shell script ($3 = job path, $4 = result path) or a Python one
+    (sys.argv[3], sys.argv[4])."""
+    path = tmp_path / ("fake-python" if shell else "fake-python.py")
+    head = "#!/bin/sh\n" if shell else f"#!{sys.executable}\n"
+    path.write_text(head + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def run(tmp_path: Path, body: str, shell: bool = True, timeout_s: float = 60, the_job=None, progress=None):
+    executor = LocalProcessExecutor(python=fake_python(tmp_path, body, shell))
+    return executor.run(the_job or job(), tmp_path / "work", timeout_s, progress)
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (absent, or a zombie waiting for its reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def wait_gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        time.sleep(0.02)
+    return gone(pid)
+
+
+# ---------------------------------------------------------------- failures become records
+
+def test_a_crash_is_a_failed_record_quoting_the_last_stderr_line(tmp_path):
+    record, blobs = run(tmp_path, 'echo "Traceback (most recent call last):" >&2\n'
+                                  'echo "RuntimeError: out of cheese" >&2\necho "   " >&2\nexit 3\n')
+    assert isinstance(record, MeasurementRecord)
+    assert (record.variant, record.round, record.status) == ("int8", 3, "failed")
+    assert record.reason == "worker exited with status 3: RuntimeError: out of cheese"
+    assert blobs == {}
+    assert (tmp_path / "work" / "stderr.txt").read_text().startswith("Traceback")
+
+
+def test_a_crashed_build_is_a_failed_build_record(tmp_path):
+    build = BuildJob(variant={"name": "bf16"}, source="/m", artifact_dir="/a", device="cpu", threads=1, seed=0)
+    record, _ = run(tmp_path, 'echo "MemoryError" >&2\nexit 1\n', the_job=build)
+    assert isinstance(record, BuildRecord)
+    assert (record.variant, record.status) == ("bf16", "failed")
+    assert record.reason == "worker exited with status 1: MemoryError"
+
+
+def test_a_worker_killed_by_a_signal_says_which(tmp_path):
+    record, _ = run(tmp_path, 'echo "about to die" >&2\nkill -9 $$\n')
+    assert record.status == "failed"
+    assert record.reason == "worker killed by SIGKILL: about to die"
+
+
+def test_a_worker_that_writes_nothing_is_failed(tmp_path):
+    record, _ = run(tmp_path, "exit 0\n")
+    assert (record.status, record.reason) == ("failed", "worker exited with status 0")
+
+
+def test_a_result_left_from_an_earlier_run_is_not_read(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    ok = MeasurementRecord(variant="int8", round=3, status="ok")
+    (work / "result.bin").write_bytes(encode_result(ok, {}))
+    record, _ = run(tmp_path, "exit 0\n")
+    assert (record.status, record.reason) == ("failed", "worker exited with status 0")
+
+
+def test_a_corrupt_result_is_a_failed_record_saying_why(tmp_path):
+    record, _ = run(tmp_path, 'printf "garbage" > "$4"\nexit 0\n')
+    assert record.status == "failed"
+    assert record.reason == "corrupt worker result: not a variantlab worker result (bad magic)"
+
+
+def test_a_result_whose_output_is_not_the_jobs_tracker_is_corrupt(tmp_path):
+    body = ("import sys\n"
+            "from variantlab.measure.wire import MeasurementRecord, TrackerResult, encode_result\n"
+            "r = MeasurementRecord(variant='int8', round=3, status='ok',\n"
+            "                      outputs=(TrackerResult(kind='facts', name='facts', data={}),))\n"
+            "open(sys.argv[4], 'wb').write(encode_result(r, {}))\n")
+    record, _ = run(tmp_path, body, shell=False)
+    assert record.status == "failed"
+    assert record.reason == "corrupt worker result: output 'facts' (facts) is not one of the job's trackers"
+
+
+def test_a_worker_past_its_timeout_is_killed_with_its_children(tmp_path):
+    pids = tmp_path / "pids"
+    body = f'sleep 120 &\necho "$$ $!" > "{pids}"\nwait\n'
+    record, blobs = run(tmp_path, body, timeout_s=2)
+    assert record.status == "failed"
+    assert record.reason == "timed out after 2 s (suite field timeout_s)"
+    assert blobs == {}
+    worker, child = map(int, pids.read_text().split())
+    assert wait_gone(worker) and wait_gone(child)
+
+
+def test_children_a_worker_leaves_behind_are_ended_with_it(tmp_path):
+    pids = tmp_path / "pids"
+    record, _ = run(tmp_path, f'sleep 60 >/dev/null 2>&1 &\necho "$!" > "{pids}"\nexit 3\n')
+    child = int(pids.read_text())
+    try:
+        assert record.reason == "worker exited with status 3"
+        assert wait_gone(child, within_s=1.0)
+    finally:
+        if not gone(child):
+            os.kill(child, 9)
+
+
+# ---------------------------------------------------------------- a worker that works
+
+GOOD_WORKER = """
+import json, sys
+from variantlab.measure.wire import MeasurementRecord, TrackerResult, decode_job, encode_result
+from variantlab.measure.worker import PROGRESS_PREFIX
+job = decode_job(open(sys.argv[3], 'rb').read())
+assert sys.argv[1:3] == ['-m', 'variantlab.measure.worker'], sys.argv
+print("a line that is not progress")
+print(PROGRESS_PREFIX + json.dumps({"stage": "loaded", "fraction": 0.0}))
+print(PROGRESS_PREFIX + "{not json")
+print(PROGRESS_PREFIX + json.dumps({"stage": "no fraction"}))
+print(PROGRESS_PREFIX + json.dumps({"stage": "single-stream", "fraction": "half"}))
+print(PROGRESS_PREFIX + json.dumps({"stage": "single-stream", "fraction": 0.5}))
+print(PROGRESS_PREFIX + json.dumps({"stage": "done", "fraction": 1}))
+blob = b"some bytes"
+import hashlib
+sha = hashlib.sha256(blob).hexdigest()
+r = MeasurementRecord(variant=job.variant["name"], round=job.round, status="ok", device=job.device,
+                      outputs=(TrackerResult(kind="memory", name="memory", data=%s),), blobs={sha: len(blob)})
+open(sys.argv[4], "wb").write(encode_result(r, {sha: blob}))
+""" % json.dumps(MEMORY)
+
+
+def test_progress_lines_reach_the_callback_and_the_result_is_read(tmp_path):
+    heard = []
+    record, blobs = run(tmp_path, GOOD_WORKER, shell=False, progress=lambda s, f: heard.append((s, f)))
+    assert heard == [("loaded", 0.0), ("single-stream", 0.5), ("done", 1.0)]
+    assert (record.variant, record.round, record.status, record.device) == ("int8", 3, "ok", "cpu")
+    assert record.output("memory").data == MEMORY
+    assert blobs == {next(iter(record.blobs)): b"some bytes"}
+    assert decode_job((tmp_path / "work" / "job.json").read_bytes()) == job()
+
+
+def test_without_a_callback_progress_lines_are_drained(tmp_path):
+    record, _ = run(tmp_path, GOOD_WORKER, shell=False, progress=None)
+    assert record.status == "ok"
+
+
+def test_a_progress_line_that_is_json_but_not_an_object_is_ignored(tmp_path):
+    """The reader thread must keep draining stdout after a malformed line, or a chatty worker blocks
+    on a full pipe until its timeout."""
+    body = ("import json, sys\n"
+            "from variantlab.measure.wire import MeasurementRecord, encode_result\n"
+            "from variantlab.measure.worker import PROGRESS_PREFIX\n"
+            "print(PROGRESS_PREFIX + '[1, 2]')\n"
+            "print(PROGRESS_PREFIX + json.dumps({'stage': 's', 'fraction': None}))\n"
+            "for _ in range(4000):\n"
+            "    print('x' * 100)\n"                                  # 400 kB: more than a pipe holds
+            "print(PROGRESS_PREFIX + json.dumps({'stage': 'done', 'fraction': 1.0}))\n"
+            "r = MeasurementRecord(variant='int8', round=3, status='ok')\n"
+            "open(sys.argv[4], 'wb').write(encode_result(r, {}))\n")
+    heard = []
+    record, _ = run(tmp_path, body, shell=False, timeout_s=10, progress=lambda s, f: heard.append((s, f)))
+    assert (record.status, record.reason) == ("ok", None)
+    assert heard == [("done", 1.0)]
+
+
+def test_bytes_that_are_not_utf8_on_stdout_do_not_stop_the_reader(tmp_path):
+    body = ("import sys\n"
+            "from variantlab.measure.wire import MeasurementRecord, encode_result\n"
+            "sys.stdout.buffer.write(b'\\xff\\xfe from a C library\\n'); sys.stdout.flush()\n"
+            "for _ in range(4000):\n"
+            "    print('x' * 100)\n"                                  # 400 kB: more than a pipe holds
+            "r = MeasurementRecord(variant='int8', round=3, status='ok')\n"
+            "open(sys.argv[4], 'wb').write(encode_result(r, {}))\n")
+    record, _ = run(tmp_path, body, shell=False, timeout_s=10)
+    assert (record.status, record.reason) == ("ok", None)
+
+
+def test_the_worker_runs_in_its_own_process_group_with_the_source_on_its_path(tmp_path):
+    out = tmp_path / "seen.json"
+    body = ("import json, os, sys\n"
+            f"json.dump({{'pgid': os.getpgid(0), 'pid': os.getpid(), 'path': os.environ['PYTHONPATH'],\n"
+            "           'offline': os.environ.get('HF_HUB_OFFLINE')}, open(%r, 'w'))\n" % str(out))
+    run(tmp_path, body, shell=False)
+    seen = json.loads(out.read_text())
+    assert seen["pgid"] == seen["pid"] != os.getpgid(0)
+    src = Path(__file__).resolve().parents[2] / "src"
+    assert seen["path"].split(os.pathsep)[0] == str(src)
+    assert seen["offline"] == "1"
+
+
+def test_kill_with_nothing_running_does_nothing():
+    LocalProcessExecutor().kill()
+
+
+# ---------------------------------------------------------------- the real worker
+
+@pytest.mark.model
+def test_the_real_worker_builds_a_variant(tmp_path, tiny_model_dir):
+    from variantlab.variants.artifact import META_FILE
+    from variantlab.variants.build import VariantDefinition
+
+    artifact = tmp_path / "artifact"
+    build = BuildJob(variant=VariantDefinition("bf16", recipe="bf16").to_json(), source=str(tiny_model_dir),
+                     artifact_dir=str(artifact), device="cpu", threads=1, seed=0)
+    stages = []
+    record, blobs = LocalProcessExecutor().run(build, tmp_path / "work", 300, lambda s, f: stages.append(s))
+    assert isinstance(record, BuildRecord)
+    assert record.status == "ok", record.reason
+    assert record.variant == "bf16" and blobs == {}
+    assert Path(record.artifact_dir) == artifact.resolve()
+    assert (artifact / META_FILE).is_file() and (artifact / "model.safetensors").is_file()
+    assert record.bytes_on_disk == (artifact / "model.safetensors").stat().st_size
+    assert record.facts["recipe"] == "bf16"
+    assert stages[-1] == "saved"

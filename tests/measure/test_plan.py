@@ -1,0 +1,217 @@
+"""The plan (measure/plan.py): a suite file turned into variants, samples, trackers, rounds and the
+order each round runs them in — checked up front, and without importing torch."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from variantlab.data.structured import generate_samples
+from variantlab.errors import DatasetError, RecipeError
+from variantlab.measure import plan as plan_module
+from variantlab.measure.plan import CALIBRATION_LIMIT, available_cores, plan_suite_file
+from variantlab.measure.trackers import tracker_from_config
+from variantlab.models.loading import BUILTIN_MODELS
+
+NAMES = ["fp32", "bf16", "fp16", "int8", "int4"]
+RECIPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "int8": "int8", "int4": "int4"}
+
+
+def write_suite(tmp_path: Path, names=("fp32", "bf16", "fp16"), **extra) -> Path:
+    suite = {"name": "t", "model": "builtin:tiny-structured",
+             "variants": [{"name": n, "recipe": RECIPES[n]} for n in names],
+             "workload": {"dataset": {"generator": "structured", "n": 6, "seed": 0}, "max_new_tokens": 4,
+                          "scenarios": [{"type": "single-stream", "requests": 2, "warmup": 0}]}}
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(suite.get(key), dict):
+            suite[key] = suite[key] | value
+        else:
+            suite[key] = value
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def texts(samples) -> tuple[str, ...]:
+    return tuple(s["prompt"] + " " + s["answer"] for s in samples)
+
+
+# ---------------------------------------------------------------- variants and order
+
+def test_the_baseline_comes_first_and_the_others_keep_their_order(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path, ("fp32", "bf16", "fp16"), baseline="bf16"))
+    assert [v.name for v in plan.variants] == ["bf16", "fp32", "fp16"]
+    assert plan.baseline == "bf16"
+    assert plan.variant("fp16").definition.recipe == "fp16"
+    assert plan.variant("fp32").source == BUILTIN_MODELS["tiny-structured"]
+
+
+def test_rotate_order_shifts_by_one_each_round(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path, ("fp32", "bf16", "fp16"), rounds=4))
+    assert [plan.order(r) for r in range(5)] == [
+        ["fp32", "bf16", "fp16"], ["bf16", "fp16", "fp32"], ["fp16", "fp32", "bf16"],
+        ["fp32", "bf16", "fp16"], ["bf16", "fp16", "fp32"]]
+    assert plan.to_json()["order"] == [plan.order(r) for r in range(4)]
+
+
+def test_random_order_is_a_permutation_every_round_and_fixed_by_the_seed(tmp_path):
+    a = plan_suite_file(write_suite(tmp_path / "a", NAMES, order="random", seed=3, rounds=8))
+    again = plan_suite_file(write_suite(tmp_path / "b", NAMES, order="random", seed=3, rounds=8))
+    other = plan_suite_file(write_suite(tmp_path / "c", NAMES, order="random", seed=4, rounds=8))
+    orders = [a.order(r) for r in range(8)]
+    for o in orders:
+        assert sorted(o) == sorted(NAMES)
+    assert orders == [again.order(r) for r in range(8)]            # deterministic for the suite's seed
+    assert orders == [a.order(r) for r in range(8)]                # and for the same plan, asked twice
+    assert orders != [other.order(r) for r in range(8)]            # another seed, another sequence
+    assert len({tuple(o) for o in orders}) > 1                     # shuffled per round, not once
+    assert orders != [a.order(0)[k:] + a.order(0)[:k] for k in range(8)]  # not a rotation
+
+
+def test_with_rounds_gives_a_new_plan(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path, rounds=5))
+    fewer = plan.with_rounds(2)
+    assert (plan.rounds, fewer.rounds) == (5, 2)
+    assert len(fewer.to_json()["order"]) == 2 and len(plan.to_json()["order"]) == 5
+    assert fewer.variants == plan.variants and fewer.samples == plan.samples
+
+
+def test_to_json_is_json_and_rebuilds_the_trackers(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path, ("fp32", "bf16"), rounds=3))
+    d = json.loads(json.dumps(plan.to_json()))
+    assert d["baseline"] == "fp32" and d["rounds"] == 3 and d["samples"] == 6
+    assert [v["name"] for v in d["variants"]] == ["fp32", "bf16"]
+    assert d["variants"][1]["recipe"] == "bf16"
+    assert d["variants"][0]["source"] == str(BUILTIN_MODELS["tiny-structured"])
+    rebuilt = [tracker_from_config(t["kind"], t["config"]) for t in d["trackers"]]
+    assert [t.name for t in rebuilt] == [t.name for t in plan.trackers]
+    assert [t.config() for t in rebuilt] == [t.config() for t in plan.trackers]
+
+
+# ---------------------------------------------------------------- trackers from the workload
+
+def test_workload_stop_and_length_reach_every_generating_tracker(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path, workload={"stop": ["END", ";"], "max_new_tokens": 7}))
+    configs = {t.name: t.config() for t in plan.trackers}
+    assert configs["single-stream"]["workload"]["stop"] == ["END", ";"]
+    assert configs["grading"]["workload"]["stop"] == ["END", ";"]
+    assert configs["grading"]["workload"]["max_new_tokens"] == 7
+
+
+def test_standard_trackers_in_order(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path))
+    assert [t.name for t in plan.trackers] == ["cold_start", "single-stream", "memory", "facts", "stability",
+                                               "grading", "scoring"]
+
+
+@pytest.mark.parametrize("accuracy, grading, scoring", [
+    ({"graded": 0}, None, {"samples": 6}),            # graded off; scoring capped at the dataset's 6
+    ({"graded": 100, "samples": 0}, 6, None),         # more than the dataset: all 6; scoring off
+    ({"graded": 2, "samples": 3}, 2, {"samples": 3}),
+    ({}, 6, {"samples": 6}),                          # default: every sample graded
+])
+def test_accuracy_settings_choose_the_accuracy_trackers(tmp_path, accuracy, grading, scoring):
+    plan = plan_suite_file(write_suite(tmp_path, workload={"accuracy": accuracy}))
+    configs = {t.name: t.config() for t in plan.trackers}
+    assert (configs["grading"]["samples"] if "grading" in configs else None) == grading
+    assert configs.get("scoring") == scoring
+
+
+# ---------------------------------------------------------------- samples and calibration
+
+def test_generated_samples_keep_the_generators_ids(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path))
+    expected = generate_samples(6, 0)
+    assert [s["id"] for s in plan.samples] == [str(s["id"]) for s in expected]
+    assert len({s["id"] for s in plan.samples}) == 6
+    assert [(s["prompt"], s["answer"]) for s in plan.samples] == [(s["prompt"], s["answer"]) for s in expected]
+
+
+def test_jsonl_samples_keep_their_ids_as_strings(tmp_path):
+    lines = [{"id": 17, "prompt": "a?", "answer": "1"}, {"prompt": "b?", "answer": "2"},
+             {"id": "x", "prompt": "c?", "answer": "3"}]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    plan = plan_suite_file(write_suite(tmp_path, workload={"dataset": {"path": "data.jsonl", "n": 3}}))
+    assert [s["id"] for s in plan.samples] == ["17", "1", "x"]
+    assert plan.samples[1]["prompt"] == "b?"
+
+
+def test_calibration_defaults_to_the_workload_samples(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path))
+    assert plan.calibration_texts == texts(plan.samples)
+
+
+def test_calibration_dataset_of_the_suite_is_used(tmp_path):
+    plan = plan_suite_file(write_suite(tmp_path, calibration={"generator": "structured", "n": 3, "seed": 5}))
+    assert plan.calibration_texts == texts(generate_samples(3, 5))
+    assert plan.calibration_texts != texts(plan.samples[:3])
+    assert len(plan.samples) == 6                      # the workload keeps its own samples
+
+
+def test_calibration_from_jsonl_relative_to_the_suite(tmp_path):
+    (tmp_path / "calib.jsonl").write_text(json.dumps({"prompt": "p", "answer": "a"}) + "\n")
+    plan = plan_suite_file(write_suite(tmp_path, calibration={"path": "calib.jsonl"}))
+    assert plan.calibration_texts == ("p a",)
+
+
+def test_calibration_texts_are_capped(tmp_path):
+    n = CALIBRATION_LIMIT + 5
+    plan = plan_suite_file(write_suite(tmp_path, calibration={"generator": "structured", "n": n, "seed": 1}))
+    assert len(plan.calibration_texts) == CALIBRATION_LIMIT
+    assert plan.calibration_texts == texts(generate_samples(n, 1))[:CALIBRATION_LIMIT]
+
+
+# ---------------------------------------------------------------- input problems, before anything runs
+
+def test_an_unknown_recipe_is_raised_with_its_field(tmp_path):
+    path = write_suite(tmp_path)
+    suite = yaml.safe_load(path.read_text())
+    suite["variants"][1]["recipe"] = "int3"
+    path.write_text(yaml.safe_dump(suite))
+    with pytest.raises(RecipeError) as info:
+        plan_suite_file(path)
+    assert info.value.field == "variants[1].recipe" and info.value.file == str(path)
+
+
+def test_a_missing_dataset_is_raised(tmp_path):
+    with pytest.raises(DatasetError):
+        plan_suite_file(write_suite(tmp_path, workload={"dataset": {"path": "nowhere.jsonl"}}))
+
+
+# ---------------------------------------------------------------- the machine
+
+def test_available_cores_follows_the_affinity_mask():
+    one = sorted(os.sched_getaffinity(0))[0]
+    code = ("import os; os.sched_setaffinity(0, {%d}); "
+            "from variantlab.measure.plan import available_cores; print(available_cores())" % one)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+    assert available_cores() == len(os.sched_getaffinity(0))
+
+
+def test_available_cores_without_affinity_falls_back_to_the_cpu_count(monkeypatch):
+    monkeypatch.delattr(plan_module.os, "sched_getaffinity")
+    monkeypatch.setattr(plan_module.os, "cpu_count", lambda: 3)
+    assert available_cores() == 3
+    monkeypatch.setattr(plan_module.os, "cpu_count", lambda: None)
+    assert available_cores() == 1
+
+
+def test_planning_never_imports_torch(tmp_path):
+    path = write_suite(tmp_path, ("fp32", "bf16", "int8"), rounds=3,
+                       calibration={"generator": "structured", "n": 2, "seed": 1})
+    code = ("import sys, json\n"
+            "from variantlab.measure.plan import plan_suite_file\n"
+            f"p = plan_suite_file({str(path)!r})\n"
+            "json.dumps(p.to_json()); p.order(1); [t.metrics() for t in p.trackers]\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "print(len(p.variants))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3"

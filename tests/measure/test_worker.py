@@ -1,0 +1,98 @@
+"""The measuring host (measure/worker.py), run in this process on a tiny model's artifact.
+
+`run_job` is what a worker process (and next a Ray task) runs: these tests call it directly, so the
+records it returns are checked without a subprocess; the executor tests cover the process around it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from variantlab.measure.scenarios import SCENARIO_SPECS, scenario_tracker
+from variantlab.measure.tracker import WorkloadSettings
+from variantlab.measure.trackers import ColdStart, Facts, Grading, Memory, Scoring, Stability
+from variantlab.measure.wire import BuildJob, MeasureJob, TrackerJob, decode_result, encode_result, job_trackers
+from variantlab.measure.worker import failure_reason, run_job
+from variantlab.variants.build import VariantDefinition
+
+pytestmark = pytest.mark.model
+
+SAMPLES = tuple({"id": str(i), "prompt": f"a: {i}\nQ: What is the a?\nA:", "answer": str(i)} for i in range(4))
+SETTINGS = WorkloadSettings(max_new_tokens=4, stop=("\n",))
+TRACKERS = (ColdStart(), scenario_tracker(SCENARIO_SPECS["single-stream"](type="single-stream", requests=2, warmup=0),
+                                          SETTINGS),
+            Memory(), Facts(), Stability((16, 32)), Grading(4, 2, SETTINGS), Scoring(2))
+
+
+@pytest.fixture(scope="module")
+def artifact(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("artifact") / "int8"
+    job = BuildJob(variant=VariantDefinition("int8", "int8").to_json(), source=str(tiny_model_dir),
+                   artifact_dir=str(out), device="cpu", threads=1, seed=0)
+    record, _ = run_job(job)
+    assert record.status == "ok", record.reason
+    return out
+
+
+def measure(artifact, run_once: bool, variant=None):
+    job = MeasureJob(variant=(variant or VariantDefinition("int8", "int8")).to_json(), artifact_dir=str(artifact),
+                     round=1, device="cpu", threads=1, seed=0, samples=SAMPLES,
+                     trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in TRACKERS), run_once=run_once)
+    return job, run_job(job)
+
+
+def test_a_measurement_hosts_every_tracker_and_its_record_validates(artifact):
+    job, (record, blobs) = measure(artifact, run_once=True)
+    assert record.status == "ok", record.reason
+    assert [o.name for o in record.outputs] == [t.name for t in TRACKERS]
+    assert record.round == 1 and record.ran_once and record.device == "cpu"
+    assert any("_weight_int8pack_mm" in k for k in record.kernels)
+    scoring = record.output("scoring").data
+    assert set(blobs) == {scoring["logprobs_blob"]} == set(record.blobs)
+    again, again_blobs = decode_result(encode_result(record, blobs), job_trackers(job))
+    assert again == record and again_blobs == blobs
+
+
+def test_cold_start_is_timed_in_stages_from_the_process_start(artifact):
+    _, (record, _) = measure(artifact, run_once=False)
+    cold = record.output("cold_start").data
+    stages = ("import_s", "tokenizer_s", "load_s", "first_token_s")
+    assert all(cold[s] > 0 for s in stages) and cold["compile_s"] is None
+    assert cold["total_s"] == pytest.approx(sum(cold[s] for s in stages))
+    assert "process start" in cold["clock"]
+
+
+def test_memory_is_read_above_the_post_import_baseline_and_names_what_it_covered(artifact):
+    _, (record, _) = measure(artifact, run_once=False)
+    mem = record.output("memory").data
+    assert 0 < mem["baseline_bytes"] <= mem["peak_bytes"]
+    assert mem["covered"] and mem["covered"][0].startswith("single-stream: batches of 1 ×")
+
+
+def test_once_per_variant_trackers_run_only_when_asked(artifact):
+    _, (record, blobs) = measure(artifact, run_once=False)
+    assert [o.name for o in record.outputs] == ["cold_start", "single-stream", "memory"]
+    assert not record.ran_once and blobs == {}
+
+
+def test_a_kernel_that_raises_is_a_failed_measurement_with_the_tail_of_its_traceback(artifact, monkeypatch):
+    from variantlab.variants import quant_linear
+
+    def broken(self, x):
+        raise RuntimeError("kernel exploded")
+    monkeypatch.setattr(quant_linear.Int8WeightOnly, "_mm", broken)
+    _, (record, _) = measure(artifact, run_once=False)
+    assert record.status == "failed"
+    assert record.reason.startswith("RuntimeError: kernel exploded (at test_worker.py:")
+    assert "quant_linear.py" in record.reason
+
+
+def test_only_a_capability_check_says_unsupported(tiny_model_dir, tmp_path):
+    job = BuildJob(variant=VariantDefinition("sparse", "sparse").to_json(), source=str(tiny_model_dir),
+                   artifact_dir=str(tmp_path / "sparse"), device="cpu", threads=1, seed=0)
+    record, _ = run_job(job)
+    assert record.status == "unsupported" and "unsupported on this hardware" in record.reason
+
+
+def test_failure_reason_of_a_library_error_is_its_one_line():
+    from variantlab.errors import RecipeError
+    assert failure_reason(RecipeError("bad", field="x", accepted="y")) == "x: bad (accepted: y)"
