@@ -11,8 +11,9 @@ samples, seed 1234, as the suite would pass its workload). Prints the seconds of
 
 The pre-bisection implementation (commit 0f4efdf: one full forward per layer × width for
 sensitivity, then a walk of one full forward per step from an additive prediction) cost
-1 + 84 × 2 + walk forwards, the walk 1 to 169 of them; the script prints that count times the
-seconds of one measured search pass here, labelled as an estimate. --old runs that
+1 + 84 × 2 + walk forwards, the walk 1 to 169 of them (likely: from the prediction to the boundary
+this run finds, plus one); the script prints those counts times the seconds of one measured
+search pass here, labelled as an estimate. --old runs that
 implementation on the same checkpoint instead (read from git; several minutes on 2 cores).
 
 Random weights (initializer_range 0.02) give near-uniform next-token distributions, so KLDs are
@@ -31,6 +32,7 @@ import argparse
 import importlib.util
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,6 +66,7 @@ def old_recipe():
     spec = importlib.util.spec_from_loader("variantlab.variants._mixed_old", loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = "variantlab.variants"
+    sys.modules[spec.name] = module  # dataclasses look their module up
     exec(compile(source, f"{OLD_COMMIT}:mixed.py", "exec"), module.__dict__)
     return module.MixedRecipe()
 
@@ -112,9 +115,12 @@ def main() -> None:
               f"(additive prediction {search['predicted']})")
         print("  probes (prefix: KLD): " + ", ".join(f"{k}: {v:.3g}" for k, v in search["probes"]))
         per_pass = cost["search_seconds"] / max(search["passes"], 1)
-        old_lo, old_hi = 1 + 2 * linears + 1, 1 + 2 * linears + search["steps"] + 1
-        print(f"old walk, ESTIMATE (passes × {per_pass:.2f} s per measured search pass here): "
-              f"{old_lo}–{old_hi} passes ≈ {old_lo * per_pass:.0f}–{old_hi * per_pass:.0f} s")
+        walk = 1 + abs(search["taken"] - search["predicted"]) + 1  # from its prediction to this boundary
+        old = {"fewest": 1 + 2 * linears + 1, "likely": 1 + 2 * linears + walk,
+               "most": 1 + 2 * linears + search["steps"] + 1}
+        print(f"old walk, ESTIMATE (full passes × {per_pass:.2f} s, one measured search pass here): "
+              + ", ".join(f"{k} {n} passes ≈ {n * per_pass:.0f} s" for k, n in old.items())
+              + f" (likely: a walk of {walk} from the additive prediction to the boundary found here)")
         if args.old:
             old_facts, old_seconds, _ = build(path, old_recipe(), options, None)
             o = old_facts.extra

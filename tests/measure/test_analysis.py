@@ -143,7 +143,20 @@ def test_the_baselines_round_to_round_noise_is_reported(three_rounds):
     row = three_rounds.row("single-stream.tpot_p50")
     per_round = [0.25 * d * (1 + 0.01 * r) for r, d in enumerate(ROUND_DRIFT)]
     assert row.noise == pytest.approx(np.std(per_round, ddof=1) / np.mean(per_round), rel=1e-6)
-    assert any("cannot tell them apart" in w for w in row.warnings)   # 20% < noise
+    # -20% is less than the noise, yet the paired rounds separate it: the warning says both
+    assert any("fast (-20.0%) differs from base by less than this machine's noise" in w
+               and "pairing within rounds still tells them apart" in w for w in row.warnings)
+
+
+def test_a_delta_within_the_noise_that_pairing_cannot_separate_is_said_so():
+    """Round drifts of 1x, 3x, 0.5x; a variant 5% slower in one round and 5% faster in the others."""
+    out = []
+    for r, drift in enumerate(ROUND_DRIFT):
+        out += [record("base", r, scale=drift, once=r == 0), record("fast", r, scale=drift * (1.05 if r else 0.95),
+                                                                    once=r == 0)]
+    row = run(out, names=("base", "fast")).row("single-stream.tpot_p50")
+    assert row.deltas["fast"].significant is False
+    assert any("cannot tell them apart" in w for w in row.warnings)
 
 
 def test_process_figures_are_judged_over_rounds(three_rounds):

@@ -1,5 +1,7 @@
-"""The mixed-precision recipe (variants/mixed.py): options, the greedy order (no model), and the
-plan it builds on tiny models: within budget, monotonic in the budget, the extremes, the facts."""
+"""The mixed-precision recipe (variants/mixed.py): options, the greedy order and the bisection (no
+model), the suffix-run sensitivity against full passes, calibration text and tokenizer from the
+build context, and the plan it builds on tiny models: within budget, monotonic in the budget, the
+extremes, the facts, O(log steps) measured passes."""
 from __future__ import annotations
 
 import math
@@ -49,7 +51,7 @@ def test_registered_with_defaults():
     assert RECIPES["mixed"] is RECIPE
     o = parse_options(RECIPE, {})
     assert (o.max_kld, o.group_size, o.compute_dtype, o.candidates, o.calibration_samples,
-            o.calibration_seed) == (0.01, 64, "bf16", (16, 8, 4), 16, 1234)
+            o.sensitivity_samples, o.calibration_seed) == (0.01, 64, "bf16", (16, 8, 4), 16, 4, 1234)
     assert RECIPE.load_dtype(o) == torch.bfloat16
     assert parse_options(RECIPE, {"candidates": [4, 16, 4]}).candidates == (16, 4)  # widest first
     assert RECIPE.unsupported_reason("cpu") is None
@@ -59,7 +61,8 @@ def test_registered_with_defaults():
                                            ({"group_size": 48}, "group_size"), ({"candidates": [16]}, "4 or 8"),
                                            ({"candidates": [2, 4]}, "candidates"), ({"bits": 4}, "bits"),
                                            ({"compute_dtype": "fp32"}, "compute_dtype"),
-                                           ({"calibration_samples": 0}, "calibration_samples")])
+                                           ({"calibration_samples": 0}, "calibration_samples"),
+                                           ({"sensitivity_samples": 0}, "sensitivity_samples")])
 def test_bad_options_are_recipe_errors(options, match):
     with pytest.raises(RecipeError, match=match):
         parse_options(RECIPE, options)

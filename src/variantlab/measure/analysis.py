@@ -218,8 +218,14 @@ def _row(t, d: MetricDef, names, ok, data, baseline: str, base, versus) -> Row:
     key = f"{t.name}.{d.key}"
     label = d.label
     noise = cells.get(baseline).round_cv if cells.get(baseline) is not None and d.is_timing else None
+    unstable = [f"{n} {100 * (e.round_cv if e.rounds >= 2 else e.cv):.0f}%" for n, e in cells.items()
+                if d.checks_stability and e is not None and e.unstable]
+    warnings = _noise_warnings(label, baseline, noise, deltas)
+    if unstable:
+        warnings.append(f"{label} is unstable (it varied over 10% {'from round to round' if len(per_round.get(baseline, {})) >= 2 else 'across its samples'}): "
+                        + ", ".join(unstable))
     return Row(key, label, d.unit, d.lower_is_better, d.kind, cells, deltas, d.headline, d.checks_stability,
-               d.is_timing, noise, tuple(_noise_warnings(label, baseline, noise, deltas)))
+               d.is_timing, noise, tuple(warnings))
 
 
 def _cell(t, d: MetricDef, v: _Variant, versus: dict) -> tuple[Estimate | None, dict[int, list[float]]]:
@@ -256,13 +262,15 @@ def _noise_warnings(label: str, baseline: str, noise: float | None, deltas: dict
     """Plain words for each delta smaller than the baseline's round-to-round variation."""
     if noise is None:
         return []
-    small = [f"{n} ({d.pct:+.1f}%)" for n, d in deltas.items()
-             if d is not None and d.pct is not None and abs(d.pct) < 100 * noise]
-    if not small:
-        return []
-    return [f"{label}: {', '.join(small)} differ{'s' if len(small) == 1 else ''} from {baseline} by less than "
-            f"this machine's noise ({baseline} varied {100 * noise:.1f}% from round to round); this run cannot "
-            "tell them apart — more rounds or a quieter machine can"]
+    small = [(n, d) for n, d in deltas.items() if d is not None and d.pct is not None and abs(d.pct) < 100 * noise]
+    out = []
+    for judged, end in ((False, "this run cannot tell them apart — more rounds or a quieter machine can"),
+                        (True, "pairing within rounds still tells them apart")):
+        names = [f"{n} ({d.pct:+.1f}%)" for n, d in small if bool(d.significant) == judged]
+        if names:
+            out.append(f"{label}: {', '.join(names)} differ{'s' if len(names) == 1 else ''} from {baseline} by less "
+                       f"than this machine's noise ({baseline} varied {100 * noise:.1f}% from round to round); {end}")
+    return out
 
 
 def _builds(builds, data) -> dict[str, dict]:

@@ -218,8 +218,11 @@ class Estimate:
 
     @property
     def unstable(self) -> bool:
-        """True when the samples vary by more than UNSTABLE_CV (DESIGN: warn over 10%)."""
-        return self.cv is not None and self.cv > UNSTABLE_CV
+        """True when the measurement varies by more than UNSTABLE_CV (DESIGN: warn over 10%): from round
+        to round when there are rounds (per-request samples differ by prompt by design), else across
+        the samples of its one round."""
+        cv = self.round_cv if self.rounds >= 2 else self.cv
+        return cv is not None and cv > UNSTABLE_CV
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -27,9 +27,9 @@ Algorithm:
    proxy (the layer's output error): turning it into final-output KLD needs a per-layer gain that
    itself takes suffix runs, and it assumes that an error from q_proj and one from down_proj are
    equally visible at the output, which they are not. Here the head and the vocabulary-wide KL
-   are the fixed part of every run; measuring on a few texts (default 4 of 16) is what makes
-   sensitivity cheap, and is honest because it only orders the steps: the budget is checked on
-   every calibration text, by measurement.
+   (float64, as accuracy.py computes it) are the fixed part of every run; measuring on a few
+   texts (default 4 of 16) is what makes sensitivity cheap, and is honest because it only orders
+   the steps: the budget is checked on every calibration text, by measurement.
 3. Order: every layer starts at the widest candidate; a step lowers one layer one rung (16→8,
    8→4). Steps are ordered greedily, cheapest first, by KLD added (sensitivity increase, ≥ 0) per
    byte saved; a layer's next step becomes available once its previous one is taken. The order
@@ -147,6 +147,7 @@ class MixedRecipe:
             probe = _Probe(model, layers, calib.batches, calib.sensitivity_batches)
             t_capture = clock()
             sens, nbytes = _sensitivities(model, layers, build, probe.sensitivity, options.candidates)
+            probe.release_activations()
             t_sens = clock()
             steps = order_steps(sens, nbytes, options.candidates)
             plan = {name: 16 for name in layers}  # what the model holds now: the original
@@ -374,12 +375,13 @@ def _kld(ref, var) -> float:
         return math.inf
 
 
-def _kl_rows(ref64, p, var):
-    """KL(ref ‖ var) per position, as accuracy.kl_divergence_per_position computes it, in torch
-    float64 (the sensitivity runs' hot loop): rows renormalised, p = 0 terms dropped, clamped at 0."""
+def _kl_rows(p, plogp, var):
+    """KL(ref ‖ var) per position as accuracy.kl_divergence_per_position computes it (rows renormalised
+    in float64), for the sensitivity runs' hot loop: p = the reference's probabilities and plogp =
+    Σ p·log p (p > 0) come precomputed, so a run costs one log-softmax and one dot product per row."""
     import torch
-    lv = torch.log_softmax(var.double(), dim=-1)
-    kl = torch.where(p > 0, p * (ref64 - lv), 0.0).sum(-1).clamp_min(0.0)
+    lv = torch.log_softmax(var.double(), dim=-1).clamp_min_(-1e300)  # a -inf where p = 0 adds 0, not NaN
+    kl = (plogp - torch.einsum("pv,pv->p", p, lv)).clamp_min(0.0)
     return torch.nan_to_num(kl, nan=math.inf)
 
 
@@ -430,9 +432,14 @@ class _Probe:
                 h.remove()
         self.captured = captured  # [layer][sensitivity batch]: that layer's output
         self.ref = torch.cat(refs)  # compared on the host every pass: copied once
-        self.sens_ref = [r.double() for r in refs[:sensitivity_batches]]
-        self.sens_ref = [torch.log_softmax(r, dim=-1) for r in self.sens_ref]
-        self.sens_p = [r.exp() for r in self.sens_ref]
+        self.sens_ref = []  # [(p, Σ p·log p)] per sensitivity batch, in float64
+        for r in refs[:sensitivity_batches]:
+            lr = torch.log_softmax(r.double(), dim=-1)
+            p = lr.exp()
+            self.sens_ref.append((p, torch.where(p > 0, p * lr, 0.0).sum(-1)))
+
+    def release_activations(self) -> None:
+        self.captured, self.sens_ref = None, None
 
     def kld(self) -> float:
         """KLD of the model as it is now, on every calibration text."""
@@ -446,9 +453,9 @@ class _Probe:
         start = self.index.get(name, 0)
         feed, kls = [None], []
         with _replaying(self.stack, start, feed):
-            for b, (ref64, p) in enumerate(zip(self.sens_ref, self.sens_p)):
+            for b, (p, plogp) in enumerate(self.sens_ref):
                 feed[0] = self.captured[start - 1][b] if start else None
-                kls.append(_kl_rows(ref64, p, _logprobs(self.model, self.batches[b]).cpu()))
+                kls.append(_kl_rows(p, plogp, _logprobs(self.model, self.batches[b]).cpu()))
         self.runs += 1
         self.layers_run += len(self.stack) - start
         return float(torch.cat(kls).mean())
