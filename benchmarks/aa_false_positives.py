@@ -120,13 +120,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="the default rounds to compare with 1")
     ap.add_argument("--period", type=float, default=3.0, help="seconds the load stays on, then off")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--conditions", default="1:off,R:off,1:on,R:on",
+                    help="rounds:load pairs to run, interleaved (R: the --rounds)")
+    ap.add_argument("--keep", default=None, help="keep the runs and their store in this folder")
+    ap.add_argument("--verbose", action="store_true", help="print every comparison called significant")
     args = ap.parse_args()
-    conditions = [(1, False), (args.rounds, False), (1, True), (args.rounds, True)]
+    conditions = [(args.rounds if r == "R" else int(r), load == "on")
+                  for r, load in (c.split(":") for c in args.conditions.split(","))]
     counts = {c: [0, 0, 0] for c in conditions}
     walls = {c: [] for c in conditions}
     load = Load(args.period)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as scratch:
+            tmp = args.keep or scratch
+            Path(tmp).mkdir(parents=True, exist_ok=True)
             suite = dict(SUITE, threads=args.threads, output={"dir": f"{tmp}/runs", "store": f"{tmp}/s.sqlite"})
             path = Path(tmp) / "aa.yaml"
             path.write_text(yaml.safe_dump(suite))
@@ -142,7 +149,13 @@ def main() -> None:
                         counts[(rounds, loaded)][k] += x
                     s, n, _ = judged(result.comparison)
                     print(f"run {i + 1}: rounds {rounds}, load {'on ' if loaded else 'off'}: {s}/{n} timing "
-                          f"comparisons called significant ({walls[(rounds, loaded)][-1]:.0f} s)", flush=True)
+                          f"comparisons called significant ({walls[(rounds, loaded)][-1]:.0f} s, "
+                          f"run {result.run_id})", flush=True)
+                    if args.verbose:
+                        for row in result.comparison.rows:
+                            for v, d in row.deltas.items():
+                                if row.is_timing and d is not None and d.significant:
+                                    print(f"    {row.label} {v}: {d.label()} ({d.method})", flush=True)
     finally:
         load.close()
     print(f"\nA/A suite: 3 identical fp32 variants of the reference model, {args.runs} runs per condition, "

@@ -28,7 +28,7 @@ def main() -> None:
             t0 = time.perf_counter()
             result = variantlab.bench(args.suite, store=f"{tmp}/store.sqlite", output_dir=tmp)
             walls.append(time.perf_counter() - t0)
-            row = result.comparison.row("output_throughput")
+            row = result.comparison.row("offline.output_throughput")
             for v, est in row.cells.items():
                 if est is not None and est.value is not None:
                     per_variant.setdefault(v, []).append(est.value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,13 +86,26 @@ class Store:
                                  f"{SCHEMA_VERSION}", file=str(self.path),
                                  accepted="a store written by this version (move the old file away or pass "
                                           "--store NEW.sqlite)")
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_SCHEMA)
-            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            self._db.commit()
+            self._initialise()
         except (sqlite3.DatabaseError, OSError) as e:
             raise StoreError(f"cannot open results store: {e}", file=str(self.path),
                              accepted="a writable SQLite file path (--store PATH)") from None
+
+    def _initialise(self, attempts: int = 100) -> None:
+        """WAL mode and the tables. Two processes creating one new file at once can find it locked
+        while the other switches its journal mode (SQLite answers that without waiting): retry."""
+        for attempt in range(attempts):
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.executescript(_SCHEMA)
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                self._db.commit()
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or attempt == attempts - 1:
+                    raise
+                self._db.rollback()
+                time.sleep(0.05)
 
     def _schema_version(self) -> int | None:
         has_meta = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from variantlab.errors import RecipeError
-from variantlab.variants import mixed
+from variantlab.variants import calibration, mixed
 from variantlab.variants import quant_linear as ql
 from variantlab.variants.registry import RECIPES, get_recipe, parse_options
 
@@ -223,17 +223,24 @@ def test_bytes_and_bits_per_weight_follow_the_plan(built, budget):
     assert facts.bits_per_weight == pytest.approx(8 * expected / params)
 
 
+def _calibration(model, options, context):
+    return calibration.calibration_set(model, context, samples=options.calibration_samples,
+                                       max_tokens=options.max_calibration_tokens,
+                                       sensitivity_samples=options.sensitivity_samples,
+                                       fallback_seed=options.calibration_seed)
+
+
 def _kld_on_calibration(model, path, options, context=None):
     """The KLD of `model` against a freshly loaded original, on the recipe's calibration text."""
     from variantlab.models.loading import load_causal_lm
     from variantlab.variants.recipe import BuildContext, cast_parameters
     ref_model, _ = load_causal_lm(path, torch.bfloat16, "cpu")
     cast_parameters(ref_model, torch.bfloat16)  # as the bf16 recipe and apply do (RoPE's inv_freq stays fp32)
-    calib = mixed._calibration(ref_model, options, context or BuildContext())
+    calib = _calibration(ref_model, options, context or BuildContext())
     with torch.no_grad():
-        ref = torch.cat([mixed._logprobs(ref_model, b) for b in calib.batches])
-        var = torch.cat([mixed._logprobs(model, b) for b in calib.batches])
-    return mixed._kld(ref, var)
+        ref = torch.cat([calibration.logprobs(ref_model, b) for b in calib.batches])
+        var = torch.cat([calibration.logprobs(model, b) for b in calib.batches])
+    return calibration.kld(ref, var)
 
 
 @pytest.mark.model
@@ -254,9 +261,9 @@ def test_suffix_runs_measure_what_full_passes_measure(tiny_model_dir):
     cast_parameters(model, torch.bfloat16)
     layers = {n: model.get_submodule(n) for n in _decoder_linears(model)}
     build = lambda n, b: mixed._build(layers[n], b, torch.bfloat16, opts)  # noqa: E731
-    calib = mixed._calibration(model, opts, BuildContext())
+    calib = _calibration(model, opts, BuildContext())
     with torch.no_grad():
-        probe = mixed._Probe(model, layers, calib.batches, calib.sensitivity_batches)
+        probe = calibration.SensitivityProbe(model, layers, calib.batches, calib.sensitivity_batches)
         fast, fast_bytes = mixed._sensitivities(model, layers, build, probe.sensitivity, opts.candidates)
         naive, naive_bytes = mixed._sensitivities(model, layers, build, lambda name: probe.kld(), opts.candidates)
     assert len(calib.batches) == calib.sensitivity_batches == 2
@@ -269,10 +276,11 @@ def test_suffix_runs_measure_what_full_passes_measure(tiny_model_dir):
 
 @pytest.mark.model
 def test_search_costs_o_log_steps_full_passes_counted_at_the_forward(tiny_model_dir, monkeypatch):
-    """Every forward the recipe makes goes through _logprobs: count them and check the reported cost."""
+    """Every forward the recipe makes goes through calibration.logprobs: count them and check the reported cost."""
     calls = []
-    real = mixed._logprobs
-    monkeypatch.setattr(mixed, "_logprobs", lambda model, batch: (calls.append(batch.samples), real(model, batch))[1])
+    real = calibration.logprobs
+    monkeypatch.setattr(calibration, "logprobs",
+                        lambda model, batch: (calls.append(batch.samples), real(model, batch))[1])
     model, facts = _build(tiny_model_dir, max_kld=1e-2, calibration_samples=6, sensitivity_samples=2)
     cost, search = facts.extra["cost"], facts.extra["search"]
     full = [2, 4]  # texts per batch: the 2 sensitivity texts, then the rest

@@ -36,11 +36,12 @@ class Row:
     is_timing: bool = False
     noise: float | None = None        # the baseline's round-to-round CV for this row
     warnings: tuple[str, ...] = ()
+    note: str | None = None           # what the figure covers, in words
 
     def to_json(self) -> dict:
         return {"key": self.key, "label": self.label, "unit": self.unit, "lower_is_better": self.lower_is_better,
                 "kind": self.kind, "headline": self.headline, "checks_stability": self.checks_stability,
-                "is_timing": self.is_timing, "noise": self.noise, "warnings": list(self.warnings),
+                "is_timing": self.is_timing, "noise": self.noise, "warnings": list(self.warnings), "note": self.note,
                 "cells": {k: (v.to_json() if v else None) for k, v in self.cells.items()},
                 "deltas": {k: (v.to_json() if v else None) for k, v in self.deltas.items()}}
 
@@ -50,7 +51,7 @@ class Row:
                    {k: (Estimate.from_json(v) if v else None) for k, v in d["cells"].items()},
                    {k: (Delta.from_json(v) if v else None) for k, v in d["deltas"].items()},
                    d.get("headline"), d.get("checks_stability", False), d.get("is_timing", False), d.get("noise"),
-                   tuple(d.get("warnings", ())))
+                   tuple(d.get("warnings", ())), d.get("note"))
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ def _row(t, d: MetricDef, names, ok, data, baseline: str, base, versus) -> Row:
         warnings.append(f"{label} is unstable (it varied over 10% {'from round to round' if len(per_round.get(baseline, {})) >= 2 else 'across its samples'}): "
                         + ", ".join(unstable))
     return Row(key, label, d.unit, d.lower_is_better, d.kind, cells, deltas, d.headline, d.checks_stability,
-               d.is_timing, noise, tuple(warnings))
+               d.is_timing, noise, tuple(warnings), _note(t, d, data, [baseline, *ok]))
 
 
 def _cell(t, d: MetricDef, v: _Variant, versus: dict) -> tuple[Estimate | None, dict[int, list[float]]]:
@@ -256,6 +257,18 @@ def _cell(t, d: MetricDef, v: _Variant, versus: dict) -> tuple[Estimate | None, 
     if problem and est.problem is None:
         est = Estimate(**{**est.to_json(), "problem": problem})
     return est, rounds
+
+
+def _note(t, d: MetricDef, data, names) -> str | None:
+    """The row's note, from the first output of the first of `names` (baseline first) that has one."""
+    if d.note is None:
+        return None
+    for n in names:
+        v = data.get(n)
+        outs = [o[t.name] for _, o in sorted(v.outputs.items()) if t.name in o] if v else []
+        if outs:
+            return d.note(outs[0])
+    return None
 
 
 def _noise_warnings(label: str, baseline: str, noise: float | None, deltas: dict) -> list[str]:

@@ -28,7 +28,7 @@ from ..variants.artifact import META_FILE, artifact_problem, read_variant_json
 from .analysis import Comparison, analyse
 from .executor import Executor, LocalProcessExecutor
 from .plan import Plan, PlannedVariant, available_cores, plan_suite_file
-from .wire import BuildJob, BuildRecord, MeasureJob, MeasurementRecord, TrackerJob
+from .wire import BuildJob, BuildRecord, MeasureJob, TrackerJob
 
 
 class RunInterrupted(Exception):
@@ -143,12 +143,14 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
             comparison = analyse(plan.trackers, [v.name for v in plan.variants], plan.baseline,
                                  list(builds.values()), records, store.blob, extra_warnings=warnings)
             store.finish_run(run_id, comparison.to_json(), DONE)
-        except (KeyboardInterrupt, SystemExit) as e:
+        except BaseException as e:  # never left as `running`: what finished stays, the run says it did not end
             kill = getattr(executor, "kill", None)
             if kill:
                 kill()
             store.finish_run(run_id, None, INTERRUPTED)
-            raise RunInterrupted(run_id, store_file, kept) from e
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise RunInterrupted(run_id, store_file, kept) from e
+            raise
     result = BenchResult(run_id, suite.name, out, store_file, env, comparison, time.perf_counter() - t0,
                          tuple(warnings))
     from ..report.files import write_reports

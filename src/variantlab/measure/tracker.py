@@ -60,6 +60,7 @@ class MetricDef:
     checks_stability: bool = False  # repeated measurements of one quantity: warn when they spread
     with_delta: bool = True         # False where a percent change says nothing (errors near 0)
     sample_name: str = "samples"    # what one sample is, for "too few requests for p99"
+    note: Callable[[Any], str | None] | None = None   # a round's output → what the figure covers, in words
 
     @property
     def is_timing(self) -> bool:
@@ -95,6 +96,17 @@ class Tracker(Protocol):
 
     def run(self, ctx: HostContext) -> Output:
         """Measure, in the worker."""
+
+
+class Unconfigured:
+    """Mixin of a tracker with nothing to configure: its config is {} and the worker rebuilds it as cls()."""
+
+    def config(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        return cls()
 
 
 class Comparing(Protocol):

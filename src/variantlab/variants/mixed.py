@@ -54,11 +54,8 @@ per-tensor quant mixes; this package's quant.py (modules, targets, facts).
 """
 from __future__ import annotations
 
-import functools
 import heapq
-import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
@@ -66,11 +63,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import RecipeError
 from .quant import _check_group_size, _facts, _kernel_probe, _require_kernel, _targets
+from .calibration import SensitivityProbe, calibration_set
 from .recipe import BuildContext, VariantFacts, cast_parameters, weight_facts
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _MODULES = {4: "Int4WeightOnly", 8: "Int8WeightOnly"}  # 16: the nn.Linear itself
-_BATCH = 4  # calibration texts per forward
 
 
 class MixedOptions(BaseModel):
@@ -139,12 +136,15 @@ class MixedRecipe:
         targets, kept = _targets(model, self.name, quantize_lm_head=False)
         self._check(targets, options, device)
         parameters = weight_facts(model)[0]
-        calib = _calibration(model, options, context or BuildContext())
+        calib = calibration_set(model, context or BuildContext(), samples=options.calibration_samples,
+                                max_tokens=options.max_calibration_tokens,
+                                sensitivity_samples=options.sensitivity_samples,
+                                fallback_seed=options.calibration_seed)
         layers = dict(targets)
         build = lambda name, bits: _build(layers[name], bits, dtype, options)  # noqa: E731
         widest = options.candidates[0]
         with torch.no_grad():
-            probe = _Probe(model, layers, calib.batches, calib.sensitivity_batches)
+            probe = SensitivityProbe(model, layers, calib.batches, calib.sensitivity_batches)
             t_capture = clock()
             sens, nbytes = _sensitivities(model, layers, build, probe.sensitivity, options.candidates)
             probe.release_activations()
@@ -290,204 +290,6 @@ def bisect_prefix(n: int, max_kld: float, measure: Callable[[int], float],
 
 def _cost(sens, layer: str, bits: int) -> float:
     return 0.0 if bits == 16 else sens[layer][bits]
-
-
-# --- calibration text ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Batch:
-    ids: object      # [B, T] token ids, right-padded
-    mask: object     # [B, T] attention mask
-    score: object    # [B, T] bool: positions whose next-token distribution counts (all but each text's last)
-    samples: int
-    positions: int
-
-
-@dataclass(frozen=True)
-class _Calibration:
-    batches: list[_Batch]
-    sensitivity_batches: int  # the first ones: they hold the first `sensitivity_samples` texts
-    source: str               # "context" | "generator"
-
-
-def _calibration(model, options: MixedOptions, context: BuildContext) -> _Calibration:
-    texts, source = list(context.calibration_texts[:options.calibration_samples]), "context"
-    if not texts:
-        from ..data.structured import generate_samples
-        texts = [f"{s['prompt']} {s['answer']}" for s in generate_samples(options.calibration_samples,
-                                                                             options.calibration_seed)]
-        source = "generator"
-    tok = context.tokenizer if context.tokenizer is not None else _tokenizer(model)
-    encoded = [tok(t, add_special_tokens=True).input_ids[:options.max_calibration_tokens] for t in texts]
-    encoded = [e for e in encoded if len(e) >= 2]  # one token has no next token to score
-    if not encoded:
-        raise RecipeError("mixed calibrates on text, but no calibration text is two tokens long",
-                          field="calibration", accepted="calibration texts of at least two tokens")
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    device = next(model.parameters()).device
-    first = min(options.sensitivity_samples, len(encoded))
-    chunks = [encoded[i:min(i + _BATCH, first)] for i in range(0, first, _BATCH)]
-    sens = len(chunks)
-    chunks += [encoded[i:i + _BATCH] for i in range(first, len(encoded), _BATCH)]
-    return _Calibration([_batch(c, pad, device) for c in chunks], sens, source)
-
-
-def _batch(encoded: list[list[int]], pad: int, device) -> _Batch:
-    import torch
-
-    width = max(len(e) for e in encoded)
-    ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, e in enumerate(encoded):
-        ids[i, :len(e)] = torch.tensor(e)
-        mask[i, :len(e)] = 1
-    score = mask.bool().clone()
-    score[torch.arange(len(encoded)), mask.sum(1) - 1] = False  # as the benchmark's scoring: no last position
-    return _Batch(ids.to(device), mask.to(device), score.to(device), len(encoded), int(score.sum()))
-
-
-def _tokenizer(model):
-    from transformers import AutoTokenizer
-    path = getattr(model, "name_or_path", "") or ""
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # noqa: BLE001 - transformers raises many types; the user needs one line
-        raise RecipeError(f"mixed calibrates on text and needs the checkpoint's tokenizer, which was not given "
-                          f"and cannot be loaded from '{path}' ({type(e).__name__})", field="recipe",
-                          accepted="a model loaded from a local directory that holds its tokenizer") from None
-
-
-# --- measuring: full passes, suffix runs --------------------------------------------------------
-
-def _logprobs(model, batch: _Batch):
-    """[positions, vocab] fp32 next-token log-probs at the scored positions."""
-    import torch
-    logits = model(input_ids=batch.ids, attention_mask=batch.mask, use_cache=False).logits
-    return torch.log_softmax(logits[batch.score].float(), dim=-1)
-
-
-def _kld(ref, var) -> float:
-    """DESIGN's KLD (measure/accuracy.py); a model whose output is not finite fits no budget."""
-    from ..measure.accuracy import kld_summary
-    try:
-        return kld_summary(ref, var)["mean"]
-    except ValueError:  # NaN or +inf log-probs
-        return math.inf
-
-
-def _kl_rows(p, plogp, var):
-    """KL(ref ‖ var) per position as accuracy.kl_divergence_per_position computes it (rows renormalised
-    in float64), for the sensitivity runs' hot loop: p = the reference's probabilities and plogp =
-    Σ p·log p (p > 0) come precomputed, so a run costs one log-softmax and one dot product per row."""
-    import torch
-    lv = torch.log_softmax(var.double(), dim=-1).clamp_min_(-1e300)  # a -inf where p = 0 adds 0, not NaN
-    kl = (plogp - torch.einsum("pv,pv->p", p, lv)).clamp_min(0.0)
-    return torch.nan_to_num(kl, nan=math.inf)
-
-
-@functools.cache
-def _replay_type():
-    from torch import nn
-
-    class Replay(nn.Module):
-        """Stands in for a decoder layer below the one being measured: returns layer i-1's captured
-        output (feed[0]) without computing anything; other attributes read through to the real layer."""
-
-        def __init__(self, layer, feed: list):
-            super().__init__()
-            self.__dict__["layer"], self.__dict__["feed"] = layer, feed  # not a submodule
-
-        def forward(self, *args, **kwargs):
-            return self.feed[0]
-
-        def __getattr__(self, name):
-            try:
-                return super().__getattr__(name)
-            except AttributeError:
-                return getattr(self.__dict__["layer"], name)
-
-    return Replay
-
-
-class _Probe:
-    """The original model's reference log-probs and captured activations, and the two measurements
-    the search makes with them: the full-batch KLD and one linear's sensitivity (suffix runs)."""
-
-    def __init__(self, model, layers: dict, batches: list[_Batch], sensitivity_batches: int):
-        import torch
-
-        self.model, self.batches, self.runs, self.layers_run = model, batches, 0, 0
-        self.stack, self.index = _decoder_stack(model, layers)
-        captured = [[] for _ in self.stack]
-        keep = [True]
-        hooks = [layer.register_forward_hook(lambda m, a, out, i=i: captured[i].append(out) if keep[0] else None)
-                 for i, layer in enumerate(self.stack)]
-        try:
-            refs = []
-            for b, batch in enumerate(batches):
-                keep[0] = b < sensitivity_batches
-                refs.append(_logprobs(model, batch).cpu())
-        finally:
-            for h in hooks:
-                h.remove()
-        self.captured = captured  # [layer][sensitivity batch]: that layer's output
-        self.ref = torch.cat(refs)  # compared on the host every pass: copied once
-        self.sens_ref = []  # [(p, Σ p·log p)] per sensitivity batch, in float64
-        for r in refs[:sensitivity_batches]:
-            lr = torch.log_softmax(r.double(), dim=-1)
-            p = lr.exp()
-            self.sens_ref.append((p, torch.where(p > 0, p * lr, 0.0).sum(-1)))
-
-    def release_activations(self) -> None:
-        self.captured, self.sens_ref = None, None
-
-    def kld(self) -> float:
-        """KLD of the model as it is now, on every calibration text."""
-        import torch
-        return _kld(self.ref, torch.cat([_logprobs(self.model, b).cpu() for b in self.batches]))
-
-    def sensitivity(self, name: str) -> float:
-        """KLD of the model as it is now, where only linear `name` differs from the original, on the
-        sensitivity texts: decoder layers below `name`'s replay their captured outputs."""
-        import torch
-        start = self.index.get(name, 0)
-        feed, kls = [None], []
-        with _replaying(self.stack, start, feed):
-            for b, (p, plogp) in enumerate(self.sens_ref):
-                feed[0] = self.captured[start - 1][b] if start else None
-                kls.append(_kl_rows(p, plogp, _logprobs(self.model, self.batches[b]).cpu()))
-        self.runs += 1
-        self.layers_run += len(self.stack) - start
-        return float(torch.cat(kls).mean())
-
-
-def _decoder_stack(model, layers: dict):
-    """(the ModuleList of decoder layers that holds the targets, {target: index of its layer}).
-
-    Targets outside it (or a model without one) get no index: their runs start from the embeddings."""
-    from torch import nn
-
-    best, index = [], {}
-    for path, m in model.named_modules():
-        if not isinstance(m, nn.ModuleList):
-            continue
-        found = {name: int(name[len(path) + 1:].split(".")[0]) for name in layers
-                 if name.startswith(f"{path}.") and name[len(path) + 1:].split(".")[0].isdigit()}
-        if len(found) > len(index):
-            best, index = m, found
-    return best, index
-
-
-@contextmanager
-def _replaying(stack, start: int, feed: list):
-    saved = [stack[j] for j in range(start)]
-    try:
-        for j in range(start):
-            stack[j] = _replay_type()(saved[j], feed)
-        yield
-    finally:
-        for j in range(start):
-            stack[j] = saved[j]
 
 
 def _build(linear, bits: int, dtype, options: MixedOptions):

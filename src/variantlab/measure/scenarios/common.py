@@ -9,15 +9,17 @@ will send — every prompt length, every batch — then its `warmup` full reques
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 from pydantic import Field
 
-from ...backends.base import GenerationRequest, run_requests
+from ...backends.base import Clock, GenerationRequest, run_requests
 from .. import metrics as m
 from ..records import RequestRecord, ScenarioPass
 from ..stats import mean, quantile
-from ..tracker import MetricDef, Output
+from ..tracker import MetricDef, Output, WorkloadSettings
 
 WARMUP_TOKENS = 2   # prefill and one decode step: every kernel a shape reaches
 
@@ -37,6 +39,31 @@ class ScenarioOutput(Output):
     passes: tuple[PassOutput, ...]
     shapes: str = Field(description="the shapes it sent, for the memory row's coverage note")
     warmed_shapes: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What every scenario tracker shares: its suite entry, the workload's stop rules and SLOs, a clock.
+    A subclass sets `kind` and `spec_model` and writes `metrics` and `run`."""
+
+    spec: Any
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    clock: Clock = time.perf_counter
+    kind = ""
+    spec_model = None       # the suite entry's pydantic model (a class attribute, not a field)
+    once = False
+    output_model = ScenarioOutput
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.kind
+
+    def config(self) -> dict:
+        return {"spec": self.spec.model_dump(mode="json"), "workload": self.workload.to_json()}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        return cls(cls.spec_model.model_validate(config["spec"]), WorkloadSettings.from_json(config["workload"]))
 
 
 def warm_up(backend, batches: Sequence[Sequence[GenerationRequest]], full: Sequence[Sequence[GenerationRequest]]) -> int:

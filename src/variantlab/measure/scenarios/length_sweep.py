@@ -7,16 +7,15 @@ each length once, short. Needs a backend that takes token-id prompts.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ...backends.base import Clock, GenerationRequest, run_requests
+from ...backends.base import GenerationRequest, run_requests
 from .. import metrics as m
-from ..tracker import MetricDef, WorkloadSettings
-from .common import PassOutput, ScenarioOutput, labelled, warm_up
+from ..tracker import MetricDef
+from .common import PassOutput, Scenario, ScenarioOutput, labelled, warm_up
 
 
 class LengthSweepSpec(BaseModel):
@@ -54,25 +53,9 @@ def prompt_of_length(backend, samples, length: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class LengthSweep:
-    spec: LengthSweepSpec
-    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
-    clock: Clock = time.perf_counter
+class LengthSweep(Scenario):
     kind = "length-sweep"
-    once = False
-    output_model = ScenarioOutput
     spec_model = LengthSweepSpec
-
-    @property
-    def name(self) -> str:
-        return self.spec.name or self.kind
-
-    def config(self) -> dict:
-        return {"spec": self.spec.model_dump(mode="json"), "workload": self.workload.to_json()}
-
-    @classmethod
-    def from_config(cls, config: dict) -> "LengthSweep":
-        return cls(LengthSweepSpec.model_validate(config["spec"]), WorkloadSettings.from_json(config["workload"]))
 
     def metrics(self) -> tuple[MetricDef, ...]:
         def at(n: int, metric):

@@ -7,17 +7,16 @@ the requests one at a time (its shapes note says so).
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...backends.base import Clock, run_requests
+from ...backends.base import run_requests
 from .. import metrics as m
 from ..stats import mean
-from ..tracker import MetricDef, WorkloadSettings
-from .common import PassOutput, ScenarioOutput, labelled, pass_rate, requests_for, shapes_text, warm_up
+from ..tracker import MetricDef
+from .common import PassOutput, Scenario, ScenarioOutput, labelled, pass_rate, requests_for, shapes_text, warm_up
 
 
 class OfflineSpec(BaseModel):
@@ -38,25 +37,9 @@ class OfflineSpec(BaseModel):
 
 
 @dataclass(frozen=True)
-class Offline:
-    spec: OfflineSpec
-    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
-    clock: Clock = time.perf_counter
+class Offline(Scenario):
     kind = "offline"
-    once = False
-    output_model = ScenarioOutput
     spec_model = OfflineSpec
-
-    @property
-    def name(self) -> str:
-        return self.spec.name or self.kind
-
-    def config(self) -> dict:
-        return {"spec": self.spec.model_dump(mode="json"), "workload": self.workload.to_json()}
-
-    @classmethod
-    def from_config(cls, config: dict) -> "Offline":
-        return cls(OfflineSpec.model_validate(config["spec"]), WorkloadSettings.from_json(config["workload"]))
 
     def metrics(self) -> tuple[MetricDef, ...]:
         return labelled(self.name, (

@@ -6,15 +6,14 @@ One timed pass; its records give E2EL, TTFT, TPOT, ITL, output throughput and go
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...backends.base import Clock, run_requests
-from ..tracker import MetricDef, WorkloadSettings
-from .common import PassOutput, ScenarioOutput, labelled, latency_rows, requests_for, shapes_text, warm_up
+from ...backends.base import run_requests
+from ..tracker import MetricDef
+from .common import PassOutput, Scenario, ScenarioOutput, labelled, latency_rows, requests_for, shapes_text, warm_up
 
 
 class SingleStreamSpec(BaseModel):
@@ -35,25 +34,9 @@ class SingleStreamSpec(BaseModel):
 
 
 @dataclass(frozen=True)
-class SingleStream:
-    spec: SingleStreamSpec
-    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
-    clock: Clock = time.perf_counter
+class SingleStream(Scenario):
     kind = "single-stream"
-    once = False
-    output_model = ScenarioOutput
     spec_model = SingleStreamSpec
-
-    @property
-    def name(self) -> str:
-        return self.spec.name or self.kind
-
-    def config(self) -> dict:
-        return {"spec": self.spec.model_dump(mode="json"), "workload": self.workload.to_json()}
-
-    @classmethod
-    def from_config(cls, config: dict) -> "SingleStream":
-        return cls(SingleStreamSpec.model_validate(config["spec"]), WorkloadSettings.from_json(config["workload"]))
 
     def metrics(self) -> tuple[MetricDef, ...]:
         return labelled(self.name, latency_rows(self.workload.slo))

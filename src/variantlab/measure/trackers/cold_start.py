@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..stats import mean
-from ..tracker import MetricDef, Output
+from ..tracker import MetricDef, Output, Unconfigured
 
 
 class ColdStartOutput(Output):
@@ -29,18 +29,11 @@ def _stage(field: str):
 
 
 @dataclass(frozen=True)
-class ColdStart:
+class ColdStart(Unconfigured):
     kind = "cold_start"
     name = "cold_start"
     once = False
     output_model = ColdStartOutput
-
-    def config(self) -> dict:
-        return {}
-
-    @classmethod
-    def from_config(cls, config: dict) -> "ColdStart":
-        return cls()
 
     def metrics(self) -> tuple[MetricDef, ...]:
         return (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..tracker import MetricDef, Output
+from ..tracker import MetricDef, Output, Unconfigured
 
 
 class FactsOutput(Output):
@@ -30,18 +30,11 @@ def _one(field: str):
 
 
 @dataclass(frozen=True)
-class Facts:
+class Facts(Unconfigured):
     kind = "facts"
     name = "facts"
     once = True
     output_model = FactsOutput
-
-    def config(self) -> dict:
-        return {}
-
-    @classmethod
-    def from_config(cls, config: dict) -> "Facts":
-        return cls()
 
     def metrics(self) -> tuple[MetricDef, ...]:
         return (

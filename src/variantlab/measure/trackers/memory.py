@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..stats import mean
-from ..tracker import MetricDef, Output
+from ..tracker import MetricDef, Output, Unconfigured
 
 
 class MemoryOutput(Output):
@@ -52,23 +52,18 @@ def current_bytes(device: str) -> int:
 
 
 @dataclass(frozen=True)
-class Memory:
+class Memory(Unconfigured):
     kind = "memory"
     name = "memory"
     once = False
     output_model = MemoryOutput
 
-    def config(self) -> dict:
-        return {}
-
-    @classmethod
-    def from_config(cls, config: dict) -> "Memory":
-        return cls()
-
     def metrics(self) -> tuple[MetricDef, ...]:
         return (
             MetricDef("peak", "Peak memory above the post-import baseline", "B", True, "process",
-                      lambda out: [out.above_baseline], mean, headline=7),
+                      lambda out: [out.above_baseline], mean, headline=7,
+                      note=lambda out: f"read after {'; '.join(out.covered) or 'no scenario'} "
+                                       f"({out.instrument}; baseline: the process after its imports)"),
             MetricDef("process_peak", "Peak memory of the process", "B", True, "process",
                       lambda out: [out.peak_bytes], mean),
             MetricDef("baseline", "Process memory after imports", "B", True, "process",

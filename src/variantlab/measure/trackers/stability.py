@@ -8,7 +8,7 @@ threshold is flagged and warned about. Deterministic: measured once per variant.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..tracker import MetricDef, Output, Problem
 
