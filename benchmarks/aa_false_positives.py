@@ -89,7 +89,9 @@ class Load:
 
 
 def judged(comparison) -> tuple[int, int, int]:
-    """(significant, judged, no verdict) over the timing rows, for every variant but the baseline."""
+    """(interval excludes 0, with an interval, without one) over the timing rows, for every variant but
+    the baseline. With rounds that is the verdict variantlab prints; with one round variantlab prints no
+    verdict (it cannot tell drift from a difference), and this counts what its interval would claim."""
     sig = total = none = 0
     for row in comparison.rows:
         if not row.is_timing:
@@ -97,11 +99,11 @@ def judged(comparison) -> tuple[int, int, int]:
         for v, d in row.deltas.items():
             if v == comparison.baseline or d is None or d.pct is None:
                 continue
-            if d.significant is None:
+            if d.low is None or d.high is None:
                 none += 1
             else:
                 total += 1
-                sig += bool(d.significant)
+                sig += bool(d.low > 0.0 or d.high < 0.0)
     return sig, total, none
 
 

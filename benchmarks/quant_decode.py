@@ -76,7 +76,7 @@ def main() -> None:
     base = next((r[2] for r in rows if r[0] == "fp32"), rows[0][2])
     print(f"{'recipe':8} {'bits/w':>6} {'tok/s':>8} {'x fp32':>7} {'GB/s':>6} {'build s':>7}  kernels")
     for name, facts, per_token, build_s, kernels in rows:
-        gbs = facts.weight_bytes / per_token / 1e9
+        gbs = facts.extra.get("resident_bytes", facts.weight_bytes) / per_token / 1e9   # what the kernel reads
         print(f"{name:8} {facts.bits_per_weight:6.2f} {1 / per_token:8.2f} {base / per_token:7.2f} {gbs:6.1f} "
               f"{build_s:7.1f}  {', '.join(kernels)}")
 

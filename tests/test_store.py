@@ -258,7 +258,7 @@ class _Unstorable:
 
 def test_a_record_is_one_transaction_with_its_blobs(store):
     new_run(store)
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(StoreError, match="NOT NULL constraint failed"):   # a database error is one line
         store.put_record("run-1", _Unstorable(), blob_map(BLOB))
     assert count(store.path, "SELECT COUNT(*) FROM blobs") == 0     # rolled back together
     store.put_record("run-1", measured("fp32", 0, blobs=[BLOB]), blob_map(BLOB))

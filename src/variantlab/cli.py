@@ -119,6 +119,9 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
         err_console.print(f"interrupted: run {e.run_id} kept {e.kept} finished records in {e.store_path}; "
                           f"`variantlab show {e.run_id}` shows what was measured", highlight=False)
         raise typer.Exit(130)
+    except KeyboardInterrupt:   # before the run started: nothing was measured
+        err_console.print("interrupted before anything was measured", highlight=False)
+        raise typer.Exit(130)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
         return
@@ -139,6 +142,7 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     from .measure.runner import Events, default_artifacts_dir, run_build
     from .report.format import fmt_value
 
+    _terminate_as_interrupt()
     try:
         plan = plan_suite_file(suite)
         out_dir = out if out is not None else default_artifacts_dir(plan)
@@ -147,6 +151,9 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
             results = run_build(plan, out_dir, events=Events(on_job=lambda label: status.update(label)))
     except VariantlabError as e:
         _fail(e)
+    except KeyboardInterrupt:   # the executor has ended the worker; finished artifacts stay
+        err_console.print("interrupted: the artifacts finished so far are kept", highlight=False)
+        raise typer.Exit(130)
     t = Table("variant", "recipe", "bits per weight", "size on disk", "build time", "status",
               title=f"{plan.suite.name} — artifacts in {out_dir}")
     for v in plan.variants:

@@ -9,6 +9,7 @@ once analysed, its comparison. Default path: ./variantlab.sqlite (suite `output.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -127,17 +128,27 @@ class Store:
 
     def create_run(self, run_id: str, suite: dict, suite_path: str | None, plan: dict, environment: dict,
                    output_dir: str | None) -> None:
-        with self._db:
+        with self._writing():
             self._db.execute(
                 "INSERT INTO runs (run_id, created, suite_name, suite_path, suite_json, plan_json, environment_json,"
                 " output_dir, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, _now(), suite.get("name", "suite"), suite_path, json.dumps(suite), json.dumps(plan),
                  json.dumps(environment), output_dir, RUNNING))
 
+    @contextlib.contextmanager
+    def _writing(self):
+        """One transaction; a database error (locked past the timeout, disk full) is a StoreError."""
+        try:
+            with self._db:
+                yield
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot write the results store: {e}", file=str(self.path),
+                             accepted="a writable SQLite file on a disk with room") from None
+
     def put_record(self, run_id: str, record, blobs: dict[str, bytes] | None = None) -> None:
         """Insert or replace one build or measurement record (and its blobs) in one transaction."""
         rnd = getattr(record, "round", 0)
-        with self._db:
+        with self._writing():
             for sha, data in (blobs or {}).items():
                 self._db.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?)", (sha, data))
             self._db.execute(
@@ -148,7 +159,7 @@ class Store:
                  record.model_dump_json(), _now()))
 
     def finish_run(self, run_id: str, comparison: dict | None, status: str = DONE) -> None:
-        with self._db:
+        with self._writing():
             self._db.execute("UPDATE runs SET status=?, comparison_json=?, finished=? WHERE run_id=?",
                              (status, json.dumps(comparison) if comparison is not None else None, _now(), run_id))
 

@@ -58,12 +58,25 @@ def metaspace_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
+def whole_e_byte_fallback_tokenizer():
+    """Byte fallback without Metaspace, where "é" is one whole token (Gemma-like): encoding "é" finds no
+    lead byte, yet <0xC3> followed by "\n" decodes to replacement characters, swallowing the newline."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+    vocab = ([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)] + [(f"<0x{i:02X}>", -10.0) for i in range(256)]
+             + [(c, -1.0) for c in "abcdefghij Q:é\n"] + [("ab", -0.5)])
+    tok = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=True))
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
 def shipped_tokenizer():
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(SHIPPED_MODEL_DIR)
 
 
-TOKENIZERS = {"shipped": shipped_tokenizer, "conftest-bpe": build_tokenizer, "metaspace": metaspace_tokenizer}
+TOKENIZERS = {"shipped": shipped_tokenizer, "conftest-bpe": build_tokenizer, "metaspace": metaspace_tokenizer,
+              "whole-e-byte-fallback": whole_e_byte_fallback_tokenizer}
 
 
 @pytest.fixture(scope="module", params=list(TOKENIZERS))
@@ -132,6 +145,18 @@ def test_id_sets_are_exact_for_byte_level_but_not_for_byte_fallback():
     lead, q = tok.convert_tokens_to_ids(["<0xC3>", "<0x3F>"])
     assert tok.decode([q]) == "?" and tok.decode([lead, q]) == REPLACEMENT * 2
     assert not Vocabulary(tok).sets_exact
+
+
+def test_a_lead_byte_before_a_newline_does_not_stop_where_it_swallows_it():
+    from variantlab.backends.stopping import RequestStop, Vocabulary, build_spec
+    tok = whole_e_byte_fallback_tokenizer()
+    vocab = Vocabulary(tok)
+    assert not vocab.sets_exact
+    a, lead, nl = (tok.convert_tokens_to_ids(t) for t in ("a", "<0xC3>", "<0x0A>"))
+    assert "\n" not in tok.decode([a, lead, nl])
+    spec = build_spec(vocab, ("\n",), frozenset())
+    row = RequestStop(spec, vocab if spec.needs_text else None, 10)
+    assert [row.finish(x) for x in (a, lead, nl)] == [None, None, None]
 
 
 def test_a_single_character_becomes_the_ids_that_contain_it(tok_vocab):

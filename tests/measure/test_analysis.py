@@ -168,6 +168,9 @@ def test_process_figures_are_judged_over_rounds(three_rounds):
 def test_one_round_process_figures_are_single_samples_with_no_verdict():
     c = run([record("base", 0, once=True, cold=3.0), record("fast", 0, once=True, cold=2.0, peak=1_000_000)],
             names=("base", "fast"))
+    latency = c.row("offline.single_task_latency").deltas["fast"]   # 3 passes: an interval, no verdict
+    assert latency.low is not None and latency.significant is None
+    assert any(w.startswith("one round: timing deltas carry the machine's drift") for w in c.warnings)
     for key in ("cold_start.total", "memory.peak"):
         row = c.row(key)
         assert row.cells["fast"].low is None and row.cells["fast"].n == 1
@@ -247,3 +250,25 @@ def test_a_failed_baseline_gives_cells_but_no_deltas():
 def test_comparison_round_trips_through_json(three_rounds):
     again = Comparison.from_json(json.loads(json.dumps(three_rounds.to_json())))
     assert again == three_rounds
+
+
+def test_a_failed_once_tracker_is_named_in_its_rows_and_the_timing_stays():
+    rec, blobs = record("fast", 0, once=True)
+    outputs = tuple(o.model_copy(update={"data": {}, "error": "RuntimeError: boom"}) if o.name == "scoring" else o
+                    for o in rec.outputs)
+    c = run([record("base", 0, once=True), (rec.model_copy(update={"outputs": outputs, "blobs": {}}), {})],
+            names=("base", "fast"))
+    assert c.row("scoring.kld_mean").cells["fast"].problem == "scoring failed: RuntimeError: boom"
+    assert c.row("scoring.ppl").cells["fast"].problem == "scoring failed: RuntimeError: boom"
+    assert c.row("single-stream.tpot_p50").cells["fast"].value is not None
+    assert any(w.startswith("fast: scoring failed") for w in c.warnings)
+
+
+def test_a_perplexity_that_overflows_is_a_problem_not_a_crash():
+    rec, blobs = record("fast", 0, once=True)
+    huge = tuple(o.model_copy(update={"data": {**o.data, "nll_nats": 6.0e5}}) if o.name == "scoring" else o
+                 for o in rec.outputs)
+    c = run([record("base", 0, once=True), (rec.model_copy(update={"outputs": huge}), blobs)], names=("base", "fast"))
+    assert "OverflowError" in c.row("scoring.ppl").cells["fast"].problem
+    assert "not finite" in c.row("scoring.ppl_ratio").cells["fast"].problem
+    json.dumps(c.to_json(), allow_nan=False)

@@ -215,3 +215,12 @@ def test_planning_never_imports_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "3"
+
+
+def test_available_cores_honours_a_cgroup_cpu_quota(tmp_path):
+    from variantlab.measure.plan import available_cores
+    affinity = available_cores(tmp_path / "missing")
+    (tmp_path / "cpu.max").write_text("100000 100000\n")     # one CPU's worth of quota
+    assert available_cores(tmp_path / "cpu.max") == 1
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert available_cores(tmp_path / "cpu.max") == affinity

@@ -240,3 +240,11 @@ def test_an_interrupted_run_is_marked_keeps_what_it_finished_and_leaves_no_worke
     assert not workers
     show = _cli("show", run.run_id, "--store", store)
     assert show.returncode == 0 and "(interrupted)" in show.stdout
+
+
+def test_the_machine_warning_compares_the_load_with_the_machines_cores():
+    from variantlab.measure.runner import machine_warnings
+    assert machine_warnings(2, machine_cores=2, load=0.3) == []
+    (w,) = machine_warnings(2, machine_cores=2, load=3.4)
+    assert "load average 3.4 on 2 cores" in w
+    assert machine_warnings(2, machine_cores=64, load=3.4) == []   # a big machine with room to spare

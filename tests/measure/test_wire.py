@@ -246,3 +246,14 @@ def test_check_outputs_parses_each_output_with_its_model():
     parsed = check_outputs(measurement(), job_trackers(measure_job()))
     assert parsed["memory"].above_baseline == 2_000
     assert parsed["cold_start"].total_s == 1.35
+
+
+def test_a_result_that_answers_another_job_is_refused():
+    from variantlab.measure.wire import MeasureJob, check_answers
+    job = MeasureJob(variant={"name": "a"}, artifact_dir="/x", round=2, device="cpu", threads=1, seed=0, samples=(),
+                     trackers=(), run_once=False)
+    check_answers(MeasurementRecord(variant="a", round=2, status="ok"), job)
+    for wrong in (MeasurementRecord(variant="b", round=2, status="ok"), MeasurementRecord(variant="a", round=1,
+                                                                                          status="ok")):
+        with pytest.raises(CorruptResult, match="the job was measure 'a' round 2"):
+            check_answers(wrong, job)

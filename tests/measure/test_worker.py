@@ -33,11 +33,11 @@ def artifact(tiny_model_dir, tmp_path_factory):
     return out
 
 
-def measure(artifact, run_once: bool, variant=None):
+def measure(artifact, run_once: bool, variant=None, run=True):
     job = MeasureJob(variant=(variant or VariantDefinition("int8", "int8")).to_json(), artifact_dir=str(artifact),
                      round=1, device="cpu", threads=1, seed=0, samples=SAMPLES,
                      trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in TRACKERS), run_once=run_once)
-    return job, run_job(job)
+    return job, (run_job(job) if run else None)
 
 
 def test_a_measurement_hosts_every_tracker_and_its_record_validates(artifact):
@@ -58,7 +58,23 @@ def test_cold_start_is_timed_in_stages_from_the_process_start(artifact):
     stages = ("import_s", "tokenizer_s", "load_s", "first_token_s")
     assert all(cold[s] > 0 for s in stages) and cold["compile_s"] is None
     assert cold["total_s"] == pytest.approx(sum(cold[s] for s in stages))
-    assert "process start" in cold["clock"]
+    assert "process's own start" in cold["clock"]
+
+
+def test_cold_start_counts_from_the_workers_own_start_not_a_rounded_boot_time(artifact, tmp_path):
+    """In a fresh worker process: its start, as the kernel records it, lies between the parent's call and
+    the call's return (psutil's create_time put it 0.4 s early here: boot time is whole seconds)."""
+    from variantlab.measure.executor import LocalProcessExecutor
+    from variantlab.measure.worker import process_clock
+
+    job, _ = measure(artifact, run_once=False, run=False)
+    before = process_clock()
+    record, _ = LocalProcessExecutor().run(job, tmp_path / "job", 300)
+    after = process_clock()
+    assert record.status == "ok", record.reason
+    cold = record.output("cold_start").data
+    assert before - 0.011 <= cold["process_start"] <= before + 2.0   # the kernel's 10 ms ticks
+    assert 0 < cold["import_s"] < cold["total_s"] < after - before
 
 
 def test_memory_is_read_above_the_post_import_baseline_and_names_what_it_covered(artifact):
@@ -96,3 +112,14 @@ def test_only_a_capability_check_says_unsupported(tiny_model_dir, tmp_path):
 def test_failure_reason_of_a_library_error_is_its_one_line():
     from variantlab.errors import RecipeError
     assert failure_reason(RecipeError("bad", field="x", accepted="y")) == "x: bad (accepted: y)"
+
+
+def test_a_once_per_variant_check_that_raises_keeps_the_rounds_timing(artifact, monkeypatch):
+    def broken(self, ctx):
+        raise RuntimeError("scoring exploded")
+    monkeypatch.setattr(Scoring, "run", broken)
+    _, (record, blobs) = measure(artifact, run_once=True)
+    assert record.status == "ok" and blobs == {}
+    scoring = record.output("scoring")
+    assert scoring.data == {} and scoring.error.startswith("RuntimeError: scoring exploded")
+    assert record.output("single-stream").error is None and record.output("grading") is not None

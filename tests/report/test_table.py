@@ -284,6 +284,8 @@ def test_verdict():
     assert verdict(r, "b") == "better" and verdict(r, "a") is None
     assert verdict(row("k", "K", "tok/s", False, "samples", {}, {"b": sig(-5.0)}), "b") == "worse"
     assert verdict(row("k", "K", "s", True, "samples", {}, {"b": sig(-5.0, False)}), "b") == "same"
+    # significant but under 1%: negligible (dim), not better or worse
+    assert verdict(row("k", "K", "s", True, "samples", {}, {"b": sig(-0.4)}), "b") == "negligible"
     assert verdict(row("k", "K", "bits", None, "fact", {}, {"b": sig(-5.0)}), "b") is None
     assert verdict(row("k", "K", "B", True, "fact", {}, {"b": fact_delta(-5.0)}), "b") is None
 

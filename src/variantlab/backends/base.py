@@ -52,6 +52,9 @@ class GenerationRequest:
             raise ValueError("give exactly one of prompt and prompt_ids")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if isinstance(self.stop, str):
+            raise TypeError(f"stop must be a tuple of strings, not the string {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
 
 
 @dataclass(frozen=True)

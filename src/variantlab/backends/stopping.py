@@ -70,9 +70,11 @@ class Vocabulary:
         alone = self.tokenizer.batch_decode([[i] for i in range(known)], skip_special_tokens=True)
         if alone != self.pieces[:known]:
             return False
-        lead = [i for i in self.tokenizer.encode("é", add_special_tokens=False) if i in self.partial][:1]
+        # Probe with pieces the vocabulary itself marks partial (lead bytes of a byte-fallback vocabulary),
+        # not with an encoded character: where "é" is one whole token, encoding it finds no lead byte.
+        leads = sorted(self.partial)[:4]
         ascii_ids = [i for i, p in enumerate(self.pieces) if len(p) == 1 and p.isascii()]
-        return all(self.pieces[i] in self.decode_run(lead + [i]) for i in ascii_ids) if lead else True
+        return all(self.pieces[i] in self.decode_run([lead, i]) for lead in leads for i in ascii_ids)
 
     def ids_containing(self, char: str) -> frozenset[int]:
         """Ids whose text contains `char` (cached per character)."""

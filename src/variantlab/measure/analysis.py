@@ -121,7 +121,8 @@ def _gather(trackers, names, builds, records) -> dict[str, _Variant]:
         for o in rec.outputs:
             tracker = by_name.get(o.name)
             if tracker is not None:
-                parsed[o.name] = tracker.output_model.model_validate(o.data)
+                parsed[o.name] = (Problem(f"{o.name} failed: {o.error}") if o.error is not None
+                                  else tracker.output_model.model_validate(o.data))
         v.outputs[rec.round] = parsed
         if rec.ran_once:
             v.once.update({k: p for k, p in parsed.items() if by_name[k].once})
@@ -136,7 +137,7 @@ def _round_samples(d: MetricDef, v: _Variant, tracker_name: str) -> tuple[dict[i
         o = outs.get(tracker_name)
         if o is None:
             continue
-        xs = d.samples(o)
+        xs = _samples(d, o)
         if isinstance(xs, Problem):
             problem = problem or xs.text
             continue
@@ -146,6 +147,16 @@ def _round_samples(d: MetricDef, v: _Variant, tracker_name: str) -> tuple[dict[i
         if finite:
             rounds[r] = finite
     return rounds, problem
+
+
+def _samples(d: MetricDef, output) -> Sequence[float] | Problem:
+    """d's samples from one output; a failed tracker's output, or arithmetic that overflows, is a Problem."""
+    if isinstance(output, Problem):
+        return output
+    try:
+        return d.samples(output)
+    except ArithmeticError as e:
+        return Problem(f"cannot be computed ({type(e).__name__}: {e})")
 
 
 def _problem(unit: str, text: str) -> Estimate:
@@ -163,13 +174,18 @@ def analyse(trackers: Sequence, names: Sequence[str], baseline: str, builds: Seq
     base = data[baseline] if baseline in ok else None
     rows, warnings = [], list(extra_warnings)
     for t in trackers:
-        versus = _versus(t, data, ok, base, blobs) if hasattr(t, "compare") else {}
+        versus = _versus(t, data, ok, base, blobs)
         for d in t.metrics():
             rows.append(_row(t, d, names, ok, data, baseline, base, versus))
         for n in ok:
             once = data[n].once.get(t.name)
-            if once is not None and hasattr(t, "warnings"):
+            if isinstance(once, Problem):
+                warnings.append(f"{n}: {once.text}")
+            elif once is not None:
                 warnings += t.warnings(n, once)
+    if ok and max(len(data[n].outputs) for n in ok) == 1:
+        warnings.append("one round: timing deltas carry the machine's drift between one variant's process and the "
+                        "next, so they get intervals but no verdict (with rounds: 5 they do)")
     for n in names:
         v = data[n]
         if v.status == "ok" and v.failed_rounds:
@@ -185,13 +201,16 @@ def _versus(t, data, ok, base, blobs) -> dict[str, dict]:
     if base is None or t.name not in base.once:
         return {}
     out = {}
+    theirs = base.once[t.name]
     for n in ok:
         mine = data[n].once.get(t.name)
-        if mine is not None:
-            try:
-                out[n] = t.compare(base.once[t.name], mine, blobs)
-            except ValueError as e:   # e.g. NaN log-probs the tracker did not flag
-                out[n] = {d.key: Problem(str(e)) for d in t.metrics()}
+        if mine is None:
+            continue
+        failed = next((o for o in (mine, theirs) if isinstance(o, Problem)), None)
+        try:
+            out[n] = ({d.key: failed for d in t.metrics()} if failed else t.compare(theirs, mine, blobs))
+        except (ValueError, ArithmeticError) as e:   # e.g. NaN log-probs the tracker did not flag
+            out[n] = {d.key: Problem(f"cannot be computed ({type(e).__name__}: {e})") for d in t.metrics()}
     return out
 
 
@@ -236,12 +255,14 @@ def _cell(t, d: MetricDef, v: _Variant, versus: dict) -> tuple[Estimate | None, 
             return None, {}
         if isinstance(value, Problem):
             return _problem(d.unit, value.text), {}
+        if not math.isfinite(float(value)):
+            return _problem(d.unit, f"{float(value)} (not finite)"), {}
         return Estimate(value=float(value), low=None, high=None, n=1, cv=None, unit=d.unit, method="exact"), {}
     if d.kind == "fact":
         once = v.once.get(t.name)
         if once is None:
             return None, {}
-        xs = d.samples(once)
+        xs = _samples(d, once)
         if isinstance(xs, Problem):
             return _problem(d.unit, xs.text), {}
         if not xs:
@@ -265,7 +286,8 @@ def _note(t, d: MetricDef, data, names) -> str | None:
         return None
     for n in names:
         v = data.get(n)
-        outs = [o[t.name] for _, o in sorted(v.outputs.items()) if t.name in o] if v else []
+        outs = [o[t.name] for _, o in sorted(v.outputs.items())
+                if t.name in o and not isinstance(o[t.name], Problem)] if v else []
         if outs:
             return d.note(outs[0])
     return None

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Protocol
 
-from .wire import CorruptResult, Job, Record, decode_result, encode_job, failed, job_trackers
+from .wire import CorruptResult, Job, Record, check_answers, decode_result, encode_job, failed, job_trackers
 from .worker import PROGRESS_PREFIX
 
 ProgressFn = Callable[[str, float], None]
@@ -49,7 +49,7 @@ class LocalProcessExecutor:
         with err_path.open("w") as err:
             proc = subprocess.Popen([self.python, "-m", "variantlab.measure.worker", str(job_path), str(out_path)],
                                     stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, env=env,
-                                    errors="replace", start_new_session=True)
+                                    errors="replace", start_new_session=True, preexec_fn=_die_with_parent)
             self._running = proc
             reader = threading.Thread(target=_read_progress, args=(proc.stdout, progress), daemon=True)
             reader.start()
@@ -64,7 +64,9 @@ class LocalProcessExecutor:
             reader.join(timeout=5)
         if out_path.is_file():
             try:
-                return decode_result(out_path.read_bytes(), job_trackers(job))
+                record, blobs = decode_result(out_path.read_bytes(), job_trackers(job))
+                check_answers(record, job)
+                return record, blobs
             except CorruptResult as e:
                 return failed(job, "failed", f"corrupt worker result: {e}"), {}
         tail = [ln for ln in err_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
@@ -84,6 +86,17 @@ class LocalProcessExecutor:
             if proc.poll() is None:
                 proc.kill()
         proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGKILL it when the parent dies, so that a runner killed
+    with SIGKILL (or by the OOM killer) leaves no worker behind. Elsewhere a no-op."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _read_progress(stream, progress: ProgressFn | None) -> None:

@@ -26,6 +26,7 @@ from ..variants.registry import resolve_variant_attention, resolve_variant_recip
 from .trackers import standard_trackers
 
 CALIBRATION_LIMIT = 512   # texts handed to a build job at most
+MIN_CALIBRATION = 16      # samples left after the scored ones, for the workload to calibrate on them
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,20 @@ class Plan:
                 "samples": len(self.samples)}
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity), not every core of the machine."""
+def available_cores(cpu_max: str | Path = "/sys/fs/cgroup/cpu.max") -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota (a container
+    started with --cpus=2 on a 64-core machine gets 2), not every core of the machine."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def _dataset(ds, base_dir: Path) -> list[dict]:
@@ -92,6 +101,16 @@ def _dataset(ds, base_dir: Path) -> list[dict]:
     else:
         samples = generate_samples(ds.n, ds.seed)
     return [dict(s) | {"id": str(s.get("id", i))} for i, s in enumerate(samples)]
+
+
+def _calibration(suite: Suite, base_dir: Path, samples: list[dict]) -> list[dict]:
+    """The suite's `calibration:` dataset; else the workload's samples that teacher-forced scoring does not
+    use (so that a calibrated recipe's KLD is not measured on its own calibration text), or all of them
+    when fewer than MIN_CALIBRATION would be left."""
+    if suite.calibration:
+        return _dataset(suite.calibration, base_dir)
+    rest = samples[suite.workload.accuracy.samples:]
+    return rest if len(rest) >= MIN_CALIBRATION else samples
 
 
 def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
@@ -111,8 +130,7 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
                                                         v.compile), path))
     planned.sort(key=lambda p: p.name != suite.baseline_name)
     samples = _dataset(suite.workload.dataset, base_dir)
-    calib = _dataset(suite.calibration, base_dir) if suite.calibration else samples
-    texts = tuple(s["prompt"] + " " + s["answer"] for s in calib[:CALIBRATION_LIMIT])
+    texts = tuple(s["prompt"] + " " + s["answer"] for s in _calibration(suite, base_dir, samples)[:CALIBRATION_LIMIT])
     return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(standard_trackers(suite, len(samples))),
                 suite.rounds)
 

@@ -14,17 +14,19 @@ A variant that fails is recorded with its reason and the others go on. An interr
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
 from ..environment import host_fingerprint
-from ..errors import VariantlabError
+from ..errors import StoreError, VariantlabError
 from ..store import DEFAULT_STORE, DONE, INTERRUPTED, Store
 from ..variants.artifact import META_FILE, artifact_problem, read_variant_json
+from ..variants.build import calibration_digest
 from .analysis import Comparison, analyse
 from .executor import Executor, LocalProcessExecutor
 from .plan import Plan, PlannedVariant, available_cores, plan_suite_file
@@ -60,7 +62,6 @@ class BenchResult:
     environment: dict
     comparison: Comparison
     wall_s: float = 0.0
-    warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "suite": self.suite_name, "output_dir": str(self.output_dir),
@@ -84,17 +85,36 @@ def check_artifacts_dir(artifacts_dir: str | Path | None) -> None:
                               accepted="a folder of variant artifacts written by `variantlab build --out DIR`")
 
 
-def machine_warnings(cores: int) -> list[str]:
-    """Plain-words warnings about the machine before measuring (an oversubscribed CPU)."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return []
-    if load > cores:
-        return [f"the machine was busy when the run started: load average {load:.1f} on the {cores} cores this "
-                "run may use; timings carry other jobs' load (rounds spread it over every variant; the noise row "
-                "says how much)"]
+def machine_warnings(cores: int, machine_cores: int | None = None, load: float | None = None) -> list[str]:
+    """Plain-words warnings about the machine before measuring: an oversubscribed CPU. The load average
+    counts every runnable process of the machine, so it is compared with the machine's cores."""
+    machine_cores = machine_cores or os.cpu_count() or cores
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            return []
+    if load > machine_cores - 0.5:
+        return [f"the machine was busy when the run started: load average {load:.1f} on {machine_cores} cores "
+                f"(this run's workers use {cores}); timings carry other jobs' load (rounds spread it over every "
+                "variant; the noise line says how much)"]
     return []
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM ignored inside (main thread only; elsewhere nothing changes)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: str | Path | None = None,
@@ -112,7 +132,11 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
     events = events or Events()
     run_id = new_run_id()
     out = Path(output_dir or suite.output.dir) / run_id
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise VariantlabError(f"cannot create the run folder: {e.strerror}", file=str(out), field="output.dir",
+                              accepted="a writable folder (--output DIR)") from None
     threads = suite.threads or available_cores()
     warnings = machine_warnings(available_cores())
     env = host_fingerprint() | {"threads_per_worker": threads, "rounds": plan.rounds}
@@ -144,17 +168,21 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
                                  list(builds.values()), records, store.blob, extra_warnings=warnings)
             store.finish_run(run_id, comparison.to_json(), DONE)
         except BaseException as e:  # never left as `running`: what finished stays, the run says it did not end
-            kill = getattr(executor, "kill", None)
-            if kill:
-                kill()
-            store.finish_run(run_id, None, INTERRUPTED)
+            with _signals_held():   # a second Ctrl-C must not stop the clean-up half way
+                kill = getattr(executor, "kill", None)
+                if kill:
+                    kill()
+                store.finish_run(run_id, None, INTERRUPTED)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise RunInterrupted(run_id, store_file, kept) from e
             raise
-    result = BenchResult(run_id, suite.name, out, store_file, env, comparison, time.perf_counter() - t0,
-                         tuple(warnings))
+    result = BenchResult(run_id, suite.name, out, store_file, env, comparison, time.perf_counter() - t0)
     from ..report.files import write_reports
-    write_reports(result)
+    try:
+        write_reports(result)
+    except OSError as e:
+        raise VariantlabError(f"cannot write the run's reports ({e.strerror}); the run is stored as {run_id}",
+                              file=str(out), accepted="a writable folder") from None
     return result
 
 
@@ -193,7 +221,8 @@ def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Ex
                 skipped.append(f"{c}: no artifact there")
             continue
         problem = artifact_problem(c, d.recipe, d.options, v.source, device_type, attention=d.attention,
-                                   attention_options=d.attention_options)
+                                   attention_options=d.attention_options,
+                                   calibration_sha256=calibration_digest(plan.calibration_texts))
         if problem is None:
             meta = read_variant_json(c)
             record = BuildRecord(variant=v.name, status="ok", artifact_dir=str(c.resolve()), reused=True,
@@ -257,7 +286,13 @@ def stored_comparison(store: Store, run_id: str) -> tuple[Comparison, object]:
     if row.comparison:
         return Comparison.from_json(row.comparison), row
     plan = row.plan
-    trackers = [tracker_from_config(t["kind"], t["config"]) for t in plan["trackers"]]
-    comparison = analyse(trackers, [v["name"] for v in plan["variants"]], plan["baseline"],
-                         store.records(row.run_id, "build"), store.records(row.run_id, "measure"), store.blob)
+    try:
+        trackers = [tracker_from_config(t["kind"], t["config"]) for t in plan["trackers"]]
+        names = [v["name"] for v in plan["variants"]]
+        comparison = analyse(trackers, names, plan["baseline"], store.records(row.run_id, "build"),
+                             store.records(row.run_id, "measure"), store.blob)
+    except (KeyError, TypeError, ValueError) as e:   # a plan or record of another variantlab version
+        raise StoreError(f"run {row.run_id} was written by another version of variantlab and cannot be "
+                         f"analysed here ({type(e).__name__}: {e})", file=str(store.path),
+                         accepted="a run written by this version") from None
     return comparison, row

@@ -74,6 +74,8 @@ class HostContext(Protocol):
     built: Any                      # variants.build.BuiltVariant
     samples: tuple[dict, ...]       # the workload's samples: id, prompt, answer
     device: str
+    cold_start: Any                 # trackers.cold_start.ColdStartOutput, timed by the host itself
+    baseline_bytes: int             # the process's memory right after its imports
     shapes: list[str]               # what the scenarios have sent so far, for memory's coverage note
     outputs: dict[str, BaseModel]   # what the trackers before this one returned
 
@@ -97,9 +99,27 @@ class Tracker(Protocol):
     def run(self, ctx: HostContext) -> Output:
         """Measure, in the worker."""
 
+    def compare(self, base: Output, variant: Output, blobs: Callable[[str], bytes]) -> dict[str, float | Problem]:
+        """Its "versus" rows: each key → a value or a Problem, from the baseline's and a variant's outputs."""
 
-class Unconfigured:
-    """Mixin of a tracker with nothing to configure: its config is {} and the worker rebuilds it as cls()."""
+    def warnings(self, variant: str, output: Output) -> list[str]:
+        """Plain-words warnings about one variant's output (an attention path that overflowed)."""
+
+
+class TrackerBase:
+    """The seam's defaults: measured every round, no comparison with the baseline, no warnings."""
+
+    once = False
+
+    def compare(self, base, variant, blobs) -> dict:
+        return {}
+
+    def warnings(self, variant: str, output) -> list[str]:
+        return []
+
+
+class Unconfigured(TrackerBase):
+    """A tracker with nothing to configure: its config is {} and the worker rebuilds it as cls()."""
 
     def config(self) -> dict:
         return {}
@@ -107,13 +127,6 @@ class Unconfigured:
     @classmethod
     def from_config(cls, config: dict):
         return cls()
-
-
-class Comparing(Protocol):
-    """A tracker with "versus" metrics: computes them from the baseline's and a variant's outputs."""
-
-    def compare(self, base: Output, variant: Output, blobs: Callable[[str], bytes]) -> dict[str, float | Problem]:
-        ...
 
 
 def blob_id(data: bytes) -> str:

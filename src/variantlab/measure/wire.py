@@ -40,7 +40,7 @@ class TrackerJob(_Wire):
 
 
 class BuildJob(_Wire):
-    version: Literal[2] = WIRE_VERSION
+    version: Literal[WIRE_VERSION] = WIRE_VERSION
     kind: Literal["build"] = "build"
     variant: dict[str, Any]                 # variants.build.VariantDefinition.to_json()
     source: str                             # the checkpoint directory
@@ -52,7 +52,7 @@ class BuildJob(_Wire):
 
 
 class MeasureJob(_Wire):
-    version: Literal[2] = WIRE_VERSION
+    version: Literal[WIRE_VERSION] = WIRE_VERSION
     kind: Literal["measure"] = "measure"
     variant: dict[str, Any]
     artifact_dir: str
@@ -72,10 +72,11 @@ class TrackerResult(_Wire):
     kind: str
     name: str
     data: dict[str, Any]
+    error: str | None = None        # a once-per-variant tracker that raised: why (data is then empty)
 
 
 class BuildRecord(_Wire):
-    version: Literal[2] = WIRE_VERSION
+    version: Literal[WIRE_VERSION] = WIRE_VERSION
     kind: Literal["build"] = "build"
     variant: str
     status: Status
@@ -90,7 +91,7 @@ class BuildRecord(_Wire):
 
 
 class MeasurementRecord(_Wire):
-    version: Literal[2] = WIRE_VERSION
+    version: Literal[WIRE_VERSION] = WIRE_VERSION
     kind: Literal["measure"] = "measure"
     variant: str
     round: int
@@ -172,6 +173,15 @@ def decode_result(data: bytes, trackers: dict[str, Any] | None = None) -> tuple[
     return record, blobs
 
 
+def check_answers(record: Record, job: Job) -> None:
+    """CorruptResult unless `record` is the answer to `job` (its kind, variant and round)."""
+    want = ("build" if isinstance(job, BuildJob) else "measure", job.variant["name"], getattr(job, "round", 0))
+    got = (record.kind, record.variant, getattr(record, "round", 0))
+    if got != want:
+        raise CorruptResult(f"the result is for {got[0]} {got[1]!r} round {got[2]}, the job was {want[0]} "
+                            f"{want[1]!r} round {want[2]}")
+
+
 def check_outputs(record: MeasurementRecord, trackers: dict[str, Any]) -> dict[str, BaseModel]:
     """Each output parsed by its tracker's model (name → output); CorruptResult when one does not fit."""
     parsed = {}
@@ -179,6 +189,8 @@ def check_outputs(record: MeasurementRecord, trackers: dict[str, Any]) -> dict[s
         tracker = trackers.get(out.name)
         if tracker is None or tracker.kind != out.kind:
             raise CorruptResult(f"output '{out.name}' ({out.kind}) is not one of the job's trackers")
+        if out.error is not None:
+            continue
         try:
             parsed[out.name] = tracker.output_model.model_validate(out.data)
         except ValidationError as e:

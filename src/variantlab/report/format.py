@@ -70,14 +70,20 @@ def fmt_delta(d: Delta | None, with_ci: bool = True) -> str:
     return text
 
 
+MIN_EFFECT_PCT = 1.0
+"""A significant change smaller than this is reported as negligible, not better or worse (pyperf's rule)."""
+
+
 def verdict(row: Row, variant: str) -> str | None:
-    """"better", "worse" (significant only), "same" (not significant) or None (no verdict: a fact,
-    a single sample, or no direction)."""
+    """"better" or "worse" (significant, at least MIN_EFFECT_PCT), "negligible" (significant, smaller),
+    "same" (not significant) or None (no verdict: a fact, a single sample, one round, no direction)."""
     d = row.deltas.get(variant)
     if d is None or d.pct is None or row.lower_is_better is None or d.significant is None:
         return None
     if not d.significant:
         return "same"
+    if abs(d.pct) < MIN_EFFECT_PCT:
+        return "negligible"
     return "better" if (d.pct < 0) == row.lower_is_better else "worse"
 
 

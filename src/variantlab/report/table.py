@@ -4,8 +4,9 @@
 By default the table shows the analysis's headline figures (accuracy retention, KLD, single-task
 latency, TTFT and TPOT p50, output throughput, peak memory, cold start, size); `--all` shows every
 row. Each variant's cell is its value, and below it (for every variant but the baseline) its delta;
-only a significant delta is coloured — green when the variant is better, red when worse — a
-non-significant one is dim and says "n.s.", and a fact's percent change is plain. A value that
+only a significant delta of at least 1% is coloured — green when the variant is better, red when
+worse — a non-significant one is dim and says "n.s.", a significant one under 1% is dim, and a
+fact's percent change (or a delta with no verdict: one round, a single sample) is plain. A value that
 cannot be given shows a short reason, or a numbered note printed under the table when the reason
 is long. Intervals are in report.md. When the variants do not fit in 100 columns they are split
 over several tables, each repeating the baseline.
@@ -23,7 +24,7 @@ from .format import fmt_delta, fmt_estimate, verdict, visible_rows
 
 WIDTH = 100
 SHORT_PROBLEM = 18          # a reason this long or shorter stays in its cell
-_STYLE = {"better": "green", "worse": "red", "same": "dim"}
+_STYLE = {"better": "green", "worse": "red", "same": "dim", "negligible": "dim"}
 _METRIC_WIDTH = 30
 _GAP = 2                    # column separator and padding of the SIMPLE_HEAD box
 

@@ -1,6 +1,6 @@
 """Variant artifacts: a built variant saved as it runs, so that loading it never quantizes again.
 
-An artifact is one folder (FORMAT_VERSION 1):
+An artifact is one folder (FORMAT_VERSION 2: w4a8 weights packed two to a byte; 1 held them unpacked):
 
     model.safetensors      every tensor of the variant's state_dict (its stored form: packed int4/int8
                            weights, scales, zeros, unquantized tensors) — each storage once: a tied
@@ -44,7 +44,7 @@ from pathlib import Path
 from ..errors import ModelLoadError, RecipeError
 
 FORMAT = "variantlab-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "variant.json"
 # Copied from the source directory as they are (never the weights): tokenizer, generation settings.
@@ -56,16 +56,6 @@ ALIGN = 64  # bytes: a cache line, the widest aligned vector load (AVX-512)
 _ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
               "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
               "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
-
-
-def needs_artifact(recipe) -> bool:
-    """Whether a variant of this recipe is measured from an artifact.
-
-    A dtype recipe (fp32/bf16/fp16) is the checkpoint as it is: `from_pretrained(dtype=...)` on the
-    source directory IS its artifact, so it keeps loading from there. Every other recipe changes the
-    weights, and its cold start must be the load of what it built, not a quantization."""
-    from .dtype import DtypeRecipe
-    return not isinstance(recipe, DtypeRecipe)
 
 
 def normalized_options(recipe, options) -> dict:
@@ -318,7 +308,7 @@ def _compat_problem(meta: dict, path: Path, device_type: str | None, torch_versi
 
 def artifact_problem(path: str | Path, recipe_name: str, options, source_model_path: str | Path,
                      device_type: str | None = None, *, attention: str | None = None,
-                     attention_options: dict | None = None) -> str | None:
+                     attention_options: dict | None = None, calibration_sha256: str | None = None) -> str | None:
     """None when the artifact at `path` is this variant, built from these weights, loadable here;
     else why not. Torch-free: reads variant.json and stats files."""
     from .registry import get_recipe
@@ -343,6 +333,9 @@ def artifact_problem(path: str | Path, recipe_name: str, options, source_model_p
     want_attn = {"spec": attention, "options": attention_options or {}} if attention else None
     if have != want_attn:
         return f"attention {have}, the variant's is {want_attn}"
+    built_on = (meta.get("facts") or {}).get("extra", {}).get("calibration_sha256")
+    if built_on is not None and calibration_sha256 is not None and built_on != calibration_sha256:
+        return "calibrated on other text than this suite's calibration text"
     source = Path(source_model_path).resolve()
     if not source.is_dir():
         return f"source model {source} is not a directory"
@@ -407,7 +400,7 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None):
     disk = (path / WEIGHTS_FILE).stat().st_size
     f = meta["facts"]
     facts = VariantFacts(recipe=f["recipe"], dtype=f["dtype"], parameters=f["parameters"], weight_bytes=disk,
-                         bits_per_weight=f["bits_per_weight"], kernels=tuple(f.get("kernels", ())),
+                         bits_per_weight=8 * disk / max(f["parameters"], 1), kernels=tuple(f.get("kernels", ())),
                          notes=tuple(f.get("notes", ())),
                          extra=dict(f.get("extra", {})) | {"artifact_bytes_on_disk": disk,
                                                            "state_bytes": f["weight_bytes"],
@@ -473,7 +466,7 @@ def _swap_modules(model, modules: dict[str, dict], state: dict) -> None:
         own = {k[len(prefix):]: t for k, t in state.items() if k.startswith(prefix) and "." not in k[len(prefix):]}
         try:
             new = cls.from_state(st, own)
-        except (ValueError, AttributeError, TypeError) as e:
+        except (ValueError, AttributeError, TypeError, KeyError) as e:
             raise ModelLoadError(f"artifact layer '{name}' cannot be rebuilt: {e}",
                                  accepted="an intact artifact (rebuild it)") from None
         model.set_submodule(name, new)

@@ -2,7 +2,7 @@
 
     built = build("builtin:tiny-structured", VariantDefinition("int4", recipe="int4"), "cpu")
     built.model, built.tokenizer, built.facts        # runnable, in eval mode, on the device
-    save(built, "artifacts/int4")                     # the artifact a measurement loads
+    save(built, "builtin:tiny-structured", "artifacts/int4")   # the artifact a measurement loads
     built = load("artifacts/int4", "cpu")             # no quantization runs again
 
 The bench worker, `variantlab build`, and next `serve` and `explain` all build variants through
@@ -55,6 +55,15 @@ class BuiltVariant:
     timings: dict = field(default_factory=dict)   # load_s, apply_s (build) as measured here
 
 
+def calibration_digest(texts: Sequence[str]) -> str:
+    """What identifies the calibration text a build was given (recorded by recipes that use it)."""
+    import hashlib
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode() + b"\0")
+    return h.hexdigest()
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
@@ -89,6 +98,9 @@ def build(source: str | Path, variant: VariantDefinition, device: str = "cpu", *
     facts = recipe.apply(model, options, device, context)
     _sync(device)
     t2 = time.perf_counter()
+    if getattr(recipe, "uses_calibration", False):   # an artifact built on other text is another variant
+        facts = dataclasses.replace(facts, extra={**facts.extra,
+                                                  "calibration_sha256": calibration_digest(calibration_texts)})
     if attn is None:
         facts = dataclasses.replace(facts, extra={**facts.extra, "attention": attention_facts(model)})
     else:

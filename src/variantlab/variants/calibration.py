@@ -95,12 +95,14 @@ def logprobs(model, batch: CalibrationBatch):
 
 
 def kld(ref, var) -> float:
-    """DESIGN's KLD (measure/accuracy.py); a model whose output is not finite fits no budget."""
+    """DESIGN's KLD (measure/accuracy.py); a candidate whose output is not finite fits no budget (inf).
+    The reference is checked finite once, when it is captured (SensitivityProbe)."""
+    import torch
+
     from ..measure.accuracy import kld_summary
-    try:
-        return kld_summary(ref, var)["mean"]
-    except ValueError:  # NaN or +inf log-probs
+    if not bool(torch.isfinite(var).all()):
         return math.inf
+    return kld_summary(ref, var)["mean"]
 
 
 def _kl_rows(p, plogp, var):
@@ -160,6 +162,11 @@ class SensitivityProbe:
                 h.remove()
         self.captured = captured  # [layer][sensitivity batch]: that layer's output
         self.ref = torch.cat(refs)  # compared on the host every pass: copied once
+        bad = (~torch.isfinite(self.ref).all(-1)).nonzero()
+        if len(bad):
+            raise RecipeError(f"mixed calibrates against the model in its compute dtype, whose logits are not finite "
+                              f"from calibration position {int(bad[0, 0])} on", field="options.compute_dtype",
+                              accepted="a compute dtype in which the checkpoint's outputs stay finite (bf16, fp32)")
         self.sens_ref = []  # [(p, Σ p·log p)] per sensitivity batch, in float64
         for r in refs[:sensitivity_batches]:
             lr = torch.log_softmax(r.double(), dim=-1)

@@ -19,7 +19,7 @@ from ...backends.base import Clock, GenerationRequest, run_requests
 from .. import metrics as m
 from ..records import RequestRecord, ScenarioPass
 from ..stats import mean, quantile
-from ..tracker import MetricDef, Output, WorkloadSettings
+from ..tracker import MetricDef, Output, TrackerBase, WorkloadSettings
 
 WARMUP_TOKENS = 2   # prefill and one decode step: every kernel a shape reaches
 
@@ -42,7 +42,7 @@ class ScenarioOutput(Output):
 
 
 @dataclass(frozen=True)
-class Scenario:
+class Scenario(TrackerBase):
     """What every scenario tracker shares: its suite entry, the workload's stop rules and SLOs, a clock.
     A subclass sets `kind` and `spec_model` and writes `metrics` and `run`."""
 
@@ -51,7 +51,6 @@ class Scenario:
     clock: Clock = time.perf_counter
     kind = ""
     spec_model = None       # the suite entry's pydantic model (a class attribute, not a field)
-    once = False
     output_model = ScenarioOutput
 
     @property

@@ -21,7 +21,8 @@ class ColdStartOutput(Output):
     compile_s: float | None = None
     first_token_s: float
     total_s: float
-    clock: str     # what "start" means: "process start (kernel create time)"
+    clock: str     # what "start" means
+    process_start: float | None = None   # when the process started, on that clock (seconds since boot on Linux)
 
 
 def _stage(field: str):
@@ -32,7 +33,6 @@ def _stage(field: str):
 class ColdStart(Unconfigured):
     kind = "cold_start"
     name = "cold_start"
-    once = False
     output_model = ColdStartOutput
 
     def metrics(self) -> tuple[MetricDef, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ...backends.base import run_requests
 from .. import accuracy as acc
-from ..tracker import MetricDef, Output, Problem, WorkloadSettings
+from ..tracker import MetricDef, Output, Problem, TrackerBase, WorkloadSettings
 from ..scenarios.common import requests_for
 
 
@@ -27,7 +27,7 @@ class GradingOutput(Output):
 
 
 @dataclass(frozen=True)
-class Grading:
+class Grading(TrackerBase):
     samples: int | None = None            # None: the whole dataset
     batch_size: int = 16
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)

@@ -55,7 +55,6 @@ def current_bytes(device: str) -> int:
 class Memory(Unconfigured):
     kind = "memory"
     name = "memory"
-    once = False
     output_model = MemoryOutput
 
     def metrics(self) -> tuple[MetricDef, ...]:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from .. import accuracy as acc
-from ..tracker import MetricDef, Output, Problem
+from ..tracker import MetricDef, Output, Problem, TrackerBase
 
 
 class ScoringOutput(Output):
@@ -52,7 +52,7 @@ def _fact(value):
 
 
 @dataclass(frozen=True)
-class Scoring:
+class Scoring(TrackerBase):
     samples: int = 32
     kind = "scoring"
     name = "scoring"
@@ -112,6 +112,7 @@ class Scoring:
         from safetensors.numpy import load
         b, v = load(blobs(base.logprobs_blob)), load(blobs(var.logprobs_blob))
         k = acc.kld_summary(b["logprobs"], v["logprobs"])
-        ppl_b, ppl_v = (math.exp(o.nll_nats / o.positions) for o in (base, var))
+        log_ratio = var.nll_nats / var.positions - base.nll_nats / base.positions   # in log space: no overflow
         return {"kld_mean": k["mean"], "kld_p99": k["p99"],
-                "top1_agreement": acc.top1_agreement(b["logprobs"], v["logprobs"]), "ppl_ratio": ppl_v / ppl_b}
+                "top1_agreement": acc.top1_agreement(b["logprobs"], v["logprobs"]),
+                "ppl_ratio": math.exp(log_ratio) if log_ratio < 700 else math.inf}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..tracker import MetricDef, Output, Problem
+from ..tracker import MetricDef, Output, Problem, TrackerBase
 
 DEFAULT_LENGTHS = (512, 2048)
 
@@ -37,7 +37,7 @@ def _longest(out: StabilityOutput):
 
 
 @dataclass(frozen=True)
-class Stability:
+class Stability(TrackerBase):
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     kind = "stability"
     name = "stability"
