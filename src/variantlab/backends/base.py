@@ -12,7 +12,6 @@ output text cut before the first stop string.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol, Sequence
 
@@ -124,14 +123,14 @@ class _Pending:
     prompt_tokens: int | None = None
 
 
-def run_requests(backend: Backend, requests: Sequence[GenerationRequest],
-                 clock: Clock | None = None) -> list[RequestRecord]:
+def run_requests(backend: Backend, requests: Sequence[GenerationRequest]) -> list[RequestRecord]:
     """Send `requests` together through backend.stream and record each: send time (read just before
     the call, so tokenization counts in TTFT), token arrival times, end time (its last token's
     arrival), tokens in, output text (decoded, cut before the first stop string, stripped), finish
     reason. An exception from the backend propagates: in a benchmark a kernel that raises is a failed
-    measurement, not a slow request (a remote backend reports a request's error as data instead)."""
-    clock = clock or getattr(backend, "clock", time.perf_counter)
+    measurement, not a slow request (a remote backend reports a request's error as data instead).
+    Every time comes from the backend's clock, so that send and token times are on one clock."""
+    clock = backend.clock
     pending = [_Pending() for _ in requests]
     send = clock()
     for ev in backend.stream(requests):

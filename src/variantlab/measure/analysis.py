@@ -63,7 +63,7 @@ class Comparison:
     rows: tuple[Row, ...]
     warnings: tuple[str, ...] = ()                           # the run's own; each row carries its noise warnings
     builds: dict[str, dict] = field(default_factory=dict)   # per variant: recipe, kernels, notes, build time
-    rounds: dict[str, dict] = field(default_factory=dict)   # per variant: {"ok": n, "failed": n, "planned": n}
+    rounds: dict[str, dict] = field(default_factory=dict)   # per variant: {"ok": n, "failed": n}
 
     def row(self, key: str) -> Row:
         """The row `key` ("single-stream.tpot_p50"), or the one row whose key ends in ".key" ("tpot_p50")."""
@@ -319,5 +319,6 @@ def _builds(builds, data) -> dict[str, dict]:
                           "kernels": list((v.kernels if v and v.kernels else None) or facts.get("kernels", ())),
                           "notes": list((v.notes if v and v.notes else None) or facts.get("notes", ())),
                           "build_s": b.timings.get("build_s"), "reused": b.reused,
+                          "not_reused": list(b.not_reused),
                           "device": v.device if v else None}
     return out

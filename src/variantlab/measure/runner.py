@@ -208,18 +208,17 @@ def _measure(plan: Plan, name: str, r: int, build: BuildRecord, run_once: bool, 
 
 def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Executor,
                   artifacts_dir: str | Path | None, threads: int, events: Events) -> BuildRecord:
-    """A valid artifact of `v`: reused from artifacts_dir/<name> or the run folder, else built there
-    in a fresh worker process."""
+    """A valid artifact of `v`: reused from artifacts_dir/<name> when it matches, else built into the
+    run folder in a fresh worker process (the build record says why one was not reused)."""
     own = variant_dir / "artifact"
-    candidates = ([Path(artifacts_dir) / v.name] if artifacts_dir is not None else []) + [own]
+    candidates = [Path(artifacts_dir) / v.name] if artifacts_dir is not None else []
     skipped: list[str] = []
     d = v.definition
-    device_type = _device_type(plan.suite.device)
     for c in candidates:
         if not (c / META_FILE).is_file():
-            if c != own:
-                skipped.append(f"{c}: no artifact there")
+            skipped.append(f"{c}: no artifact there")
             continue
+        device_type = _device_type(plan.suite.device)
         problem = artifact_problem(c, d.recipe, d.options, v.source, device_type, attention=d.attention,
                                    attention_options=d.attention_options,
                                    calibration_sha256=calibration_digest(plan.calibration_texts))

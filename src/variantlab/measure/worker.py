@@ -8,8 +8,11 @@
 - a `MeasureJob` times the cold start from this process's own start — import (every module the
   variant needs, transformers' lazy ones included) → tokenizer → load (the weights only, from the
   variant's artifact) → compile (when asked) → first token — then hosts the job's trackers in
-  order (measure/trackers/): the scenarios, memory, facts, and, in a variant's first good round,
-  the once-per-variant ones (attention error, grading, scoring).
+  order (measure/trackers/): the scenarios and memory, and, in a variant's first good round, the
+  once-per-variant ones (facts, attention error, grading, scoring). One of those that raises is
+  recorded as that tracker's error, and the round's timing stays.
+Cold start and peak memory are the process's own, so a job needs a process of its own: a Ray task
+that calls `run_job` must not share its worker process with another (max_calls=1).
 A failure is a record too: "unsupported" only when a capability check says the device cannot run
 the recipe; any other exception is "failed" with its message and the tail of its traceback.
 Progress goes to stdout as lines starting with PROGRESS_PREFIX.

@@ -156,6 +156,7 @@ def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True
                             f", built in {b['build_s']:.1f} s" if b.get("build_s") else "")
                          + f"; kernels: {', '.join(b['kernels']) or 'n/a'}")
             lines += [f"  note: {note}" for note in b.get("notes", ())]
+            lines += [f"  artifact not reused: {why}" for why in b.get("not_reused", ())]
     lines += [f"note: {r.label}: {r.note}" for r in rows if r.note]
     lines += [f"warning: {w}" for w in (*c.warnings, *(w for r in rows for w in r.warnings))]
     return lines

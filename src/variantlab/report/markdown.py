@@ -28,14 +28,15 @@ def report_markdown(result) -> str:
         "",
         comparison_markdown(c),
         "",
-        "Values are over all rounds, with 95% intervals in brackets: timing figures from a hierarchical "
-        "bootstrap (rounds, then requests within a round), quantiles bounded by order statistics too. "
-        "Delta is (variant − baseline) / baseline: for timings and per-process figures, the geometric mean of "
-        "per-round paired ratios with a t-interval over rounds (so drift a round shares cancels); with one "
-        "round, requests are bootstrapped and drift is not controlled; a single sample gets no verdict. "
-        "(n.s.) marks a difference the interval does not support; a fact's delta (size, accuracy on a fixed "
-        "set) is a plain difference with no verdict. ⚠ marks a measurement whose coefficient of variation "
-        "exceeds 10%.",
+        "Values are over all rounds, with 95% intervals in brackets: the hull of a hierarchical bootstrap "
+        "(rounds, then requests within a round) and a t-interval over the per-round figures; quantiles are "
+        "bounded by order statistics too, and say so when the requests are too few. Delta is (variant − "
+        "baseline) / baseline: for timings and per-process figures, the geometric mean of per-round paired "
+        "ratios with a t-interval over rounds (so drift a round shares cancels); (n.s.) marks a difference "
+        "the interval does not support, and a significant one under 1% is negligible. With one round, "
+        "requests are bootstrapped for an interval but drift is not controlled, so there is no verdict; a "
+        "single sample gets none either. A fact's delta (size, accuracy on a fixed set) is a plain difference "
+        "with no verdict. ⚠ marks a figure that varied over 10% from round to round.",
         "",
     ]
     parts += [f"- {line}" for line in status_lines(c, visible_rows(c))]

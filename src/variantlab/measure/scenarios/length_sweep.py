@@ -81,8 +81,7 @@ class LengthSweep(Scenario):
         total = len(s.lengths) * s.repeats
         for n in s.lengths:
             for r in range(s.repeats):
-                records += run_requests(backend, [self._request(f"len{n}-{r}", prompts[n], s.decode_tokens)],
-                                        self.clock)
+                records += run_requests(backend, [self._request(f"len{n}-{r}", prompts[n], s.decode_tokens)])
                 ctx.progress(self.name, len(records) / total)
         shapes = f"1 × {', '.join(map(str, s.lengths))} prompt tokens, {s.decode_tokens} new"
         ctx.shapes.append(f"{self.name}: {shapes}")

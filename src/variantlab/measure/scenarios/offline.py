@@ -64,7 +64,7 @@ class Offline(Scenario):
         start = self.clock()
         while len(passes) < s.passes or self.clock() - start < s.min_duration_s:
             t0 = self.clock()
-            records = [rec for batch in batches for rec in run_requests(backend, batch, self.clock)]
+            records = [rec for batch in batches for rec in run_requests(backend, batch)]
             passes.append(PassOutput(start=t0, end=self.clock(), records=tuple(records)))
             ctx.progress(self.name, min(1.0, len(passes) / s.passes))
         shapes = shapes_text(passes[0].records, len(batches[0]))

@@ -50,7 +50,7 @@ class SingleStream(Scenario):
         start = self.clock()
         i = 0
         while i < s.requests or self.clock() - start < s.min_duration_s:
-            records += run_requests(backend, requests_for(samples, 1, self.workload, offset=i), self.clock)
+            records += run_requests(backend, requests_for(samples, 1, self.workload, offset=i))
             i += 1
             ctx.progress(self.name, min(1.0, i / s.requests))
         end = self.clock()

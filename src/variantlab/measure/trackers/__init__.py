@@ -1,6 +1,6 @@
 """Every tracker a measurement can host, by kind: one line to add one.
 
-`standard_trackers(suite)` is the list a bench plan runs, in order: cold start, the suite's
+`standard_trackers(suite, n_samples)` is the list a bench plan runs, in order: cold start, the suite's
 scenarios, memory (read after them), the variant's facts, the attention-error check, grading and
 scoring (once per variant). The worker rebuilds each from (kind, config) with `tracker_from_config`.
 """
