@@ -173,3 +173,16 @@ def test_a_scenario_rebuilds_from_its_config_and_its_output_validates():
     clock = Clock()
     out = make("single-stream", clock, requests=2, warmup=0).run(Host(FakeBackend(clock)))
     assert ScenarioOutput.model_validate_json(out.model_dump_json()) == out
+
+
+def test_decode_bandwidth_is_the_bytes_a_token_reads_over_its_tpot():
+    from variantlab.measure.scenarios.common import bandwidth_rows, decode_gbps
+    clock = Clock()
+    out = make("single-stream", clock, requests=2, warmup=0).run(Host(FakeBackend(clock)))
+    assert decode_gbps(out) == []                                  # a remote backend: nothing known
+    out = out.model_copy(update={"weight_bytes_per_token": 10**9, "kv_bytes_per_position": 10**6, "read_gbps": 20.0})
+    r = out.passes[0].records[0]                                   # TPOT 1/8 s, context prompt + 2 tokens
+    assert decode_gbps(out)[0] == (10**9 + 10**6 * (r.tokens_in + 2)) / 0.125 / 1e9
+    gbps, share = bandwidth_rows()
+    assert share.samples(out)[0] == 100 * decode_gbps(out)[0] / 20.0
+    assert "20.0 GB/s" in gbps.note(out)

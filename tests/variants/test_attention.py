@@ -108,13 +108,14 @@ def test_facts_equal_the_bytes_a_real_cache_holds(llama, spec):
 
 
 def test_refuses_a_model_whose_attention_cannot_be_swapped():
-    from transformers import GPT2Config, GPT2LMHeadModel
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64))
+    from transformers import OPTConfig, OPTForCausalLM
+    opt = OPTForCausalLM(OPTConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                   ffn_dim=64, max_position_embeddings=64, word_embed_proj_dim=32))
     for spec in ("gqa:2", "linear", "sliding:8"):
         with pytest.raises(RecipeError) as e:
-            apply_attention(gpt2, spec)
-        assert "GPT2LMHeadModel" in e.value.detail and "GPT2Attention" in e.value.detail
-        assert "Llama, Mistral and Qwen2" in e.value.accepted
+            apply_attention(opt, spec)
+        assert "OPTForCausalLM" in e.value.detail and "LlamaForCausalLM" in e.value.detail
+        assert "attention: sdpa" in e.value.accepted
 
 
 def test_refuses_a_second_attention_recipe(llama):

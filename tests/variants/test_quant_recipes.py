@@ -205,12 +205,13 @@ def test_sparse_is_unsupported_on_cpu_and_the_others_are_supported():
         assert get_recipe(name).unsupported_reason("cpu") is None
 
 
-def test_gpt2_conv1d_is_refused():
+def test_gpt2_conv1d_layers_are_quantized():  # every family and recipe: tests/variants/test_families.py
     from transformers import GPT2Config, GPT2LMHeadModel
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2))
-    with pytest.raises(RecipeError, match="GPT2 Conv1D layers are not nn.Linear") as e:
-        _apply(model, "int8")
-    assert "transformer.h.0.attn.c_attn" in str(e.value)
+    model, facts = _apply(model, "int8")
+    assert isinstance(model.transformer.h[0].attn.c_attn, ql.Int8WeightOnly)
+    assert (model.transformer.h[0].attn.c_attn.in_features, model.transformer.h[0].attn.c_attn.out_features) == (32, 96)
+    assert facts.extra["quantized_layers"] == 4
 
 
 class _HeadOnly(nn.Module):
@@ -361,3 +362,14 @@ def test_quantize_embeddings_stores_int8_rows_and_keeps_outputs(llama, dequant):
     agree = (_logits(q, ids).argmax(-1) == logits.argmax(-1)).float().mean().item()
     assert agree >= 0.9
     assert any("embedding" in k for k in facts.kernels)
+
+
+def test_a_decode_step_reads_every_weight_but_the_embedding_table_a_lookup_needs(tiny_lm):
+    import copy
+    from variantlab.variants.recipe import decode_weight_bytes, resident_bytes
+    model = copy.deepcopy(tiny_lm[0])
+    emb = model.get_input_embeddings().weight
+    row = emb.shape[1] * emb.element_size()
+    assert decode_weight_bytes(model) == resident_bytes(model) - emb.numel() * emb.element_size() + row
+    model.tie_weights() if model.config.tie_word_embeddings else setattr(model.lm_head, "weight", emb)
+    assert decode_weight_bytes(model) == resident_bytes(model)     # a tied head reads the whole table

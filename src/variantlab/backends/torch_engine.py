@@ -23,14 +23,14 @@ benchmarks/harness_overhead.py measures what the loop costs over a bare one.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-from transformers import DynamicCache
-
 from .base import Capabilities, Clock, GenerationRequest, ScoredText, TokenEvent
+from .kv_cache import KVCaches
 from .stopping import RequestStop, StopSpec, Vocabulary, build_spec
 
 
@@ -39,7 +39,8 @@ class TorchEngine:
 
     capabilities = Capabilities(batching=True, token_timestamps=True, scoring=True, token_input=True)
 
-    def __init__(self, model, tokenizer, device: str, tokenizer_id: str = "", clock: Clock = time.perf_counter):
+    def __init__(self, model, tokenizer, device: str, tokenizer_id: str = "", clock: Clock = time.perf_counter,
+                 static_cache: bool = True, compile_step: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.tokenizer_class = type(tokenizer).__name__
@@ -50,6 +51,12 @@ class TorchEngine:
         self.pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
         self._vocab: Vocabulary | None = None
         self._specs: dict[tuple[tuple[str, ...], bool], StopSpec] = {}
+        self.caches = KVCaches(model, static=static_cache)   # static_cache=False: the growing reference
+        self._decode = self._forward
+        if compile_step:
+            self.compile_decode_step()
+        # the LM head runs for the last position only (prefill's other positions predict nothing we use)
+        self._last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
     # ------------------------------------------------------------------ text
 
@@ -91,18 +98,23 @@ class TorchEngine:
             raise ValueError("a prompt must have at least one token")
         n_in = [len(p) for p in prompts]
         clock, step = self.clock, self._step
-        cache = DynamicCache()
+        total = max(n_in) + max(r.max_new_tokens for r in requests)
+        cache = self.caches.acquire(len(prompts), total)
         no_autograd = torch.inference_mode()
         with no_autograd:
             if len(prompts) == 1:
                 ids = torch.tensor(prompts, dtype=torch.long, device=self.device)        # (1, T)
-                logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits
                 mask = pos = None
             else:
-                ids, mask = self._left_pad(prompts)                                     # (B, T) each
-                pos = (mask.cumsum(-1) - 1).clamp(min=0)                                # positions skip the padding
-                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                    past_key_values=cache, use_cache=True).logits
+                ids, pad = self._left_pad(prompts)                                      # (B, T) each
+                pos = (pad.cumsum(-1) - 1).clamp(min=0)                                 # positions skip the padding
+                mask = pad
+                if self.caches.static:   # one mask for the whole request: the causal mask hides the future
+                    mask = pad.new_ones(pad.shape[0], self.caches.length_for(total))   # (B, cache length)
+                    mask[:, :pad.shape[1]] = pad
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                                use_cache=True, **self._last).logits
+            if pos is not None:
                 pos = pos[:, -1:]                                                       # (B, 1)
             nxt = logits[:, -1].argmax(-1, keepdim=True)                                # (B, 1)
             host = nxt.tolist()                                      # [[id] * B]; synchronises the device
@@ -131,15 +143,27 @@ class TorchEngine:
 
     def _step(self, nxt, cache, mask, pos):
         """One decode step: the last tokens (B, 1) in, the next tokens (B, 1) and their host copy out."""
-        if mask is None:
-            logits = self.model(input_ids=nxt, past_key_values=cache, use_cache=True).logits
-        else:
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)            # (B, T + steps)
+        if mask is not None:
+            if not self.caches.static:   # the growing reference: one more position a step
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)        # (B, T + steps)
             pos = pos + 1
-            logits = self.model(input_ids=nxt, attention_mask=mask, position_ids=pos,
-                                past_key_values=cache, use_cache=True).logits
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        nxt = self._decode(nxt, cache, mask, pos)
         return nxt, nxt.tolist(), mask, pos                                             # .tolist() synchronises
+
+    def compile_decode_step(self) -> bool:
+        """torch.compile (inductor, static shapes) the decode step: model call and greedy choice, over the
+        preallocated cache; one graph per (batch, cache length). False when the model keeps cache layers
+        of its own (no static cache, so no static shapes): nothing is compiled."""
+        if not self.caches.static:
+            return False
+        self._decode = torch.compile(self._forward, dynamic=False)
+        return True
+
+    def _forward(self, nxt, cache, mask, pos):
+        """The decode step's model call and greedy choice, on the device: what `compile_step` compiles."""
+        logits = self.model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                            use_cache=True, **self._last).logits
+        return logits[:, -1].argmax(-1, keepdim=True)
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(map(len, prompts))

@@ -12,6 +12,7 @@ imports torch.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 from dataclasses import dataclass
@@ -121,11 +122,12 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
     for i, v in enumerate(suite.variants):
         field = f"variants[{i}]"
         recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)
-        attention = resolve_variant_attention(v, file=suite_path, field=field)
         path = base_model
         if v.model is not None:
             path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
             check_model_dir(path, file=suite_path, field=f"{field}.model")
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))  # check_model_dir parsed it
+        attention = resolve_variant_attention(v, config=config, file=suite_path, field=field)
         planned.append(PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options),
                                                         v.compile), path))
     planned.sort(key=lambda p: p.name != suite.baseline_name)

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from .stats import Statistic, median
 
 MetricKind = Literal["samples", "process", "fact", "versus"]
-TIMING_UNITS = ("s", "tok/s", "req/s")
+TIMING_UNITS = ("s", "tok/s", "req/s", "GB/s")
 
 
 class Output(BaseModel):

@@ -167,8 +167,8 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         engine = TorchEngine(built.model, built.tokenizer, device, tokenizer_id=tokenizer_id)
         t_compiled = t_loaded     # without compile, setting up the engine counts toward the first token
         if job.variant.get("compile"):
-            from ..variants.compiled import compile_decoder_mlps, compile_warmup
-            built.facts = compile_decoder_mlps(built.model, built.facts)
+            from ..variants.compiled import compile_variant, compile_warmup
+            built.facts = compile_variant(engine, built.model, built.facts)
             compile_warmup(engine, [s["prompt"] for s in job.samples[:2]])
             t_compiled = process_clock()
         run_requests(engine, [GenerationRequest("cold-start", prompt=job.samples[0]["prompt"], max_new_tokens=1)])

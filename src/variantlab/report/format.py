@@ -29,6 +29,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return f"{value:,.1f} tok/s"
     if unit == "req/s":
         return f"{value:,.2f} req/s"
+    if unit == "GB/s":
+        return f"{value:,.1f} GB/s"
     if unit == "%":
         return f"{value:.2f}%"
     if unit == "ratio":

@@ -442,8 +442,8 @@ def _skeleton(config, load_dtype: str, attn: str | None, attention: dict | None 
     import torch
     from transformers import AutoModelForCausalLM
 
-    if attn == "variantlab":  # our linear/sliding modules register this; the skeleton starts from sdpa
-        attn = "sdpa"
+    if attn == "variantlab":  # our linear/sliding modules register this; the skeleton starts from the
+        attn = None           # model's default (sdpa where it has one; Gemma2 has none) and swaps again
     kw = {"attn_implementation": attn} if attn else {}
     with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, load_dtype), **kw)

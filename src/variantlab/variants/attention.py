@@ -20,7 +20,19 @@ sequence, state bytes, kernels, notes). It runs after loading and before a quant
 attention code (its "sdpa" implementation, which passes enable_gqa or packs the query heads instead
 of repeating K/V where the kernel allows); linear and sliding swap the attention modules
 (attention_module.py) and work with an unmodified DynamicCache decode loop, batched or not.
-Supported: Llama, Mistral and Qwen2 checkpoints; others are refused with RecipeError.
+
+Families (`FAMILIES`, torch-free: the planning process checks a variant against config.json with
+`check_attention_for`, and `apply_attention` runs the same check on the loaded model):
+
+    Llama, Mistral, Qwen2, Gemma, Gemma3   separate q/k/v projections (Gemma3: q/k norms): every kind
+    Gemma2                                 the same, but no sdpa (soft-capped logits): gqa keeps its eager
+                                           attention, sliding soft-caps as it does
+    Phi-3                                  fused qkv_proj: gqa pools the K and V rows inside it; every kind
+    GPT-2, GPT-NeoX                        fused projections that hold as many K/V heads as query heads:
+                                           sdpa, linear, sliding, and gqa:<heads> (the identity) only
+
+Anything else is refused with RecipeError naming the model class, except `sdpa`, which transformers
+decides at build time.
 """
 from __future__ import annotations
 
@@ -33,7 +45,69 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import RecipeError
 
 ACCEPTED = "sdpa | gqa:<kv_heads> | linear | sliding:<window>"
-SUPPORTED_MODELS = "Llama, Mistral and Qwen2 checkpoints (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture's attention as variantlab converts it."""
+
+    architecture: str    # the model class (config.json `architectures[0]`)
+    attention: str       # its attention module's class
+    layout: str          # how its projections hold q, k, v: a key of attention_module.LAYOUTS
+    heads_key: str = "num_attention_heads"   # config.json's query head count
+    no_pool: str = ""    # why gqa cannot pool its K/V heads ("": it can)
+    no_sdpa: str = ""    # why transformers cannot run its softmax through sdpa ("": it can)
+
+
+_FUSED_EQUAL = "and its config has no key/value head count, so it cannot hold fewer K/V heads than query heads"
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (
+    Family("LlamaForCausalLM", "LlamaAttention", "separate"),
+    Family("MistralForCausalLM", "MistralAttention", "separate"),
+    Family("Qwen2ForCausalLM", "Qwen2Attention", "separate"),
+    Family("GemmaForCausalLM", "GemmaAttention", "separate"),
+    Family("Gemma2ForCausalLM", "Gemma2Attention", "separate",
+           no_sdpa="transformers has no sdpa path for its soft-capped attention logits"),
+    Family("Gemma3ForCausalLM", "Gemma3Attention", "separate"),
+    Family("Phi3ForCausalLM", "Phi3Attention", "fused"),
+    Family("GPT2LMHeadModel", "GPT2Attention", "gpt2", heads_key="n_head",
+           no_pool=f"its fused c_attn splits into three hidden-wide parts {_FUSED_EQUAL}"),
+    Family("GPTNeoXForCausalLM", "GPTNeoXAttention", "interleaved",
+           no_pool=f"its fused query_key_value interleaves q, k and v per head {_FUSED_EQUAL}"),
+)}
+SUPPORTED_MODELS = ", ".join(FAMILIES)
+
+
+def check_attention_for(config: dict, spec, *, architecture: str | None = None, file: str | None = None,
+                        field: str | None = None) -> None:
+    """Refuse, from a checkpoint's config.json alone (no torch), an attention kind its architecture cannot take.
+
+    `architecture` defaults to config's `architectures[0]`. sdpa on an unknown architecture passes:
+    transformers says at build time whether it has an sdpa path."""
+    spec = parse_attention(spec, file=file, field=field)
+    arch = architecture or (config.get("architectures") or ["(no architectures in config.json)"])[0]
+    family = FAMILIES.get(arch)
+    bad = lambda why, accepted: RecipeError(f"attention '{spec}' cannot be applied to {arch}: {why}",  # noqa: E731
+                                            file=file, field=field, accepted=accepted)
+    if family is None:
+        if spec.kind != "sdpa":
+            raise bad(f"variantlab converts the attention of {SUPPORTED_MODELS} only",
+                      "one of those architectures; or attention: sdpa, or none (the model's own)")
+        return
+    kinds = "linear | sliding:<window>"
+    if spec.kind == "sdpa" and (family.no_sdpa or config.get("attn_logit_softcapping") is not None):
+        raise bad(family.no_sdpa or "its attention logits are soft-capped (attn_logit_softcapping), which "
+                  "scaled_dot_product_attention cannot do", f"gqa:<kv_heads> | {kinds}; or none (the model's own)")
+    if spec.kind == "gqa":
+        heads = config.get(family.heads_key)
+        old = config.get("num_key_value_heads") or heads
+        if family.no_pool and spec.kv_heads != heads:
+            raise bad(family.no_pool, f"gqa:{heads} (the identity) | {kinds}")
+        if isinstance(old, int) and old % spec.kv_heads:
+            divisors = [d for d in range(1, old + 1) if old % d == 0]
+            raise bad(f"mean-pooling its {old} key/value heads needs kv_heads to divide {old}",
+                      "gqa:" + " | gqa:".join(map(str, divisors)))
+
+
 REPORT_LENGTHS = (128, 512, 2048, 8192, 32768)
 _DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
@@ -97,22 +171,28 @@ def apply_attention(model, spec, options=None) -> dict:
     from . import attention_module  # torch and transformers: kept out of the parent process that parses suites
 
     spec, options = parse_attention(spec), parse_attention_options(options)
-    modules = _attention_modules(model, spec)
+    family = FAMILIES.get(type(model).__name__)
+    check_attention_for(model.config.to_dict(), spec, architecture=type(model).__name__, field="attention")
+    modules = _attention_modules(model, spec, family)
     notes: list[str] = []
     if spec.kind == "gqa":
-        _check_gqa(model, modules, spec.kv_heads)  # refuse before changing anything
-    if spec.kind in ("sdpa", "gqa"):
+        _check_gqa(modules, family)  # refuse before changing anything
+    if spec.kind == "sdpa" or (spec.kind == "gqa" and not family.no_sdpa):
         _set_sdpa(model)
+    elif spec.kind == "gqa":
+        notes.append(f"{type(model).__name__} keeps its own '{model.config._attn_implementation}' attention "
+                     f"(K/V repeated per group): {family.no_sdpa}")
     if spec.kind == "gqa":
-        notes += _convert_to_gqa(model, modules, spec.kv_heads)
+        notes += _convert_to_gqa(model, modules, spec.kv_heads, family)
     elif spec.kind in ("linear", "sliding"):
         acc = None if options.linear_state_dtype == "model" else _torch_dtype("float32")
         runtime = attention_module.AttentionRuntime(spec.kind, spec.window, options.linear_chunk, acc)
-        attention_module.swap(model, modules, runtime)
+        attention_module.swap(model, modules, runtime, family.layout)
+        notes += _softcap_notes(model, spec)
     return _facts(model, spec, options, notes + _native_window_notes(model, spec))
 
 
-def _attention_modules(model, spec: AttentionSpec) -> list:
+def _attention_modules(model, spec: AttentionSpec, family: Family | None) -> list:
     """The decoder's attention modules; RecipeError when this model's cannot be converted."""
     from torch import nn
 
@@ -124,73 +204,99 @@ def _attention_modules(model, spec: AttentionSpec) -> list:
         raise RecipeError(f"the attention of {type(model).__name__} was already converted "
                           f"({type(done[0]).__name__}); apply one attention recipe to a freshly loaded model",
                           field="attention", accepted=ACCEPTED)
-    names = sorted({type(m).__name__ for m in found})
     if spec.kind == "sdpa":
         return found
-    if not found or any(n not in attention_module.SWAPPABLE for n in names):
+    names = sorted({type(m).__name__ for m in found})
+    if not found or names != [family.attention]:  # a family's model holding modules it should not
         what = f"its attention modules are {', '.join(names)}" if names else "no attention module was found"
         raise RecipeError(f"attention '{spec}' cannot be applied to {type(model).__name__}: {what}, and variantlab "
-                          f"converts only {', '.join(attention_module.SWAPPABLE)}", field="attention",
-                          accepted=f"{SUPPORTED_MODELS}; or attention: sdpa")
+                          f"converts {family.attention} only", field="attention",
+                          accepted=f"a {family.architecture} as transformers builds it; or attention: sdpa")
     return found
 
 
 def _set_sdpa(model) -> None:
     if model.config._attn_implementation == "sdpa":
         return
+    accepted = "linear | sliding:<window>, or none (the model's own attention)"
     try:
         model.set_attn_implementation("sdpa")
     except (ValueError, ImportError) as e:
         raise RecipeError(f"{type(model).__name__} cannot run its attention through scaled_dot_product_attention: "
-                          f"{str(e).splitlines()[0]}", field="attention", accepted=SUPPORTED_MODELS) from None
+                          f"{str(e).splitlines()[0]}", field="attention", accepted=accepted) from None
     if model.config._attn_implementation != "sdpa":
         raise RecipeError(f"{type(model).__name__} does not support switching its attention to sdpa "
-                          f"(it stays '{model.config._attn_implementation}')", field="attention",
-                          accepted=SUPPORTED_MODELS)
+                          f"(it stays '{model.config._attn_implementation}')", field="attention", accepted=accepted)
 
 
 def _kv_heads(cfg) -> int:
     return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
 
 
-def _check_gqa(model, modules, kv_heads: int) -> None:
+_POOLED = {"separate": ("k_proj", "v_proj"), "fused": ("qkv_proj",)}  # the projections gqa rewrites
+
+
+def _check_gqa(modules, family: Family) -> None:
+    """The projections gqa rewrites are still nn.Linear (the head count was checked by check_attention_for)."""
     from torch import nn
 
-    heads, old = model.config.num_attention_heads, _kv_heads(model.config)
-    divisors = [d for d in range(1, old + 1) if old % d == 0]
-    if kv_heads not in divisors:
-        raise RecipeError(f"gqa:{kv_heads} cannot be made from {type(model).__name__}'s {old} key/value heads "
-                          f"({heads} query heads): mean-pooling needs kv_heads to divide {old}", field="attention",
-                          accepted="gqa:" + " | gqa:".join(map(str, divisors)))
     for m in modules:
-        for name in ("k_proj", "v_proj"):
+        for name in _POOLED.get(family.layout, ()):
             lin = getattr(m, name)
             if type(lin) is not nn.Linear:
                 raise RecipeError(f"{name} of {type(m).__name__} is {type(lin).__name__}, not nn.Linear: apply the "
                                   "attention recipe before quantization", field="attention", accepted=ACCEPTED)
 
 
-def _convert_to_gqa(model, modules, kv_heads: int) -> list[str]:
-    """Mean-pool each group of consecutive K/V heads into one; update config and every module."""
+def _pooled(rows, kv_heads: int, pool: int):
+    """Rows (or bias) of `kv_heads * pool` heads [Hkv·pool·D, ...] → the mean of each group of `pool`
+    consecutive heads [Hkv·D, ...], in float32."""
+    return rows.detach().float().reshape(kv_heads, pool, -1, *rows.shape[1:]).mean(1).reshape(-1, *rows.shape[1:])
+
+
+def _linear_like(lin, rows, bias):
+    """An nn.Linear like `lin` (device, dtype, in_features) holding `rows` [out, in] and `bias`."""
     import torch
     from torch import nn
 
+    new = nn.Linear(lin.in_features, rows.shape[0], bias=bias is not None, device=lin.weight.device,
+                    dtype=lin.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(rows)
+        if bias is not None:
+            new.bias.copy_(bias)
+    return new
+
+
+def _pool_projections(m, family: Family, kv_heads: int, pool: int, q_rows: int) -> None:
+    """Rewrite module `m`'s K/V projection rows: separate k_proj/v_proj each pooled; Phi-3's fused
+    qkv_proj [q (q_rows) | k | v] keeps its q rows and pools its k and v blocks."""
+    import torch
+
+    if family.layout == "separate":
+        for name in ("k_proj", "v_proj"):
+            lin = getattr(m, name)
+            bias = None if lin.bias is None else _pooled(lin.bias, kv_heads, pool)
+            setattr(m, name, _linear_like(lin, _pooled(lin.weight, kv_heads, pool), bias))
+        return
+    lin = m.qkv_proj
+    kv_rows = (lin.out_features - q_rows) // 2
+
+    def pooled(t):
+        q, k, v = t.detach().split([q_rows, kv_rows, kv_rows])
+        return torch.cat([q.float(), _pooled(k, kv_heads, pool), _pooled(v, kv_heads, pool)])
+    m.qkv_proj = _linear_like(lin, pooled(lin.weight), None if lin.bias is None else pooled(lin.bias))
+
+
+def _convert_to_gqa(model, modules, kv_heads: int, family: Family) -> list[str]:
+    """Mean-pool each group of consecutive K/V heads into one; update config and every module."""
     cfg = model.config
     heads, old = cfg.num_attention_heads, _kv_heads(cfg)
     if kv_heads == old:
         return [f"gqa:{kv_heads} is the checkpoint's own head layout: nothing pooled"]
     pool = old // kv_heads
     for m in modules:
-        for name in ("k_proj", "v_proj"):
-            lin = getattr(m, name)
-            w = lin.weight.detach().float().view(kv_heads, pool, -1, lin.in_features).mean(1)
-            new = nn.Linear(lin.in_features, w.shape[0] * w.shape[1], bias=lin.bias is not None,
-                            device=lin.weight.device, dtype=lin.weight.dtype)
-            with torch.no_grad():
-                new.weight.copy_(w.reshape(-1, lin.in_features))
-                if lin.bias is not None:
-                    new.bias.copy_(lin.bias.detach().float().view(kv_heads, pool, -1).mean(1).reshape(-1))
-            setattr(m, name, new)
+        _pool_projections(m, family, kv_heads, pool, heads * m.head_dim)
         m.num_key_value_groups = heads // kv_heads
         if hasattr(m, "num_key_value_heads"):
             m.num_key_value_heads = kv_heads
@@ -199,11 +305,22 @@ def _convert_to_gqa(model, modules, kv_heads: int) -> list[str]:
             "expect a quality loss; measure it against the baseline"]
 
 
+def _softcap_notes(model, spec: AttentionSpec) -> list[str]:
+    cap = getattr(model.config, "attn_logit_softcapping", None)
+    if cap is None:
+        return []
+    if spec.kind == "linear":
+        return [f"the checkpoint soft-caps its attention logits at {cap:g}; linear attention has no logits to cap"]
+    return [f"attention logits soft-capped at {cap:g} (tanh), as the checkpoint does: explicit scores, not the "
+            "fused sdpa kernel"]
+
+
 def _native_window_notes(model, spec: AttentionSpec) -> list[str]:
     cfg = model.config
     native = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None) or []
-    uses = native is not None and (getattr(cfg, "model_type", "") == "mistral" or "sliding_attention" in types)
+    uses = native is not None and (getattr(cfg, "model_type", "") in ("mistral", "phi3")
+                                   or "sliding_attention" in types)
     if not uses:
         return []
     if spec.kind in ("sdpa", "gqa"):
@@ -246,7 +363,8 @@ def _facts(model, spec: AttentionSpec, options: AttentionOptions, notes: list[st
     kernels = {
         "sdpa": ["torch.nn.functional.scaled_dot_product_attention (transformers 'sdpa')"],
         "gqa": ["torch.nn.functional.scaled_dot_product_attention (transformers 'sdpa', enable_gqa or packed "
-                "query heads where the kernel allows, else repeated K/V)"],
+                "query heads where the kernel allows, else repeated K/V)" if cfg._attn_implementation == "sdpa"
+                else f"transformers '{cfg._attn_implementation}' attention (K/V repeated per group)"],
         "linear": [f"ours: chunked parallel form (chunk {options.linear_chunk}) for prefill, recurrent state for "
                    "decode (torch matmul)"],
         "sliding": ["ours: banded scaled_dot_product_attention per block of queries; rolling KV cache"],

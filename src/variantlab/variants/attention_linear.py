@@ -160,9 +160,10 @@ class LinearStateLayer(CacheLayerMixin):
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.state) if self.state is not None else 0
 
-    def attend(self, q, k, v, key_valid, scale: float | None = None) -> torch.Tensor:
-        """Fold this step's keys/values into the state; return the outputs of its queries. `scale` is unused:
-        phi replaces the softmax, and its normaliser cancels any common scale of phi(q)."""
+    def attend(self, q, k, v, key_valid, scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
+        """Fold this step's keys/values into the state; return the outputs of its queries. `scale` and
+        `softcap` are unused: phi replaces the softmax (no logits to scale or cap), and its normaliser
+        cancels any common scale of phi(q)."""
         acc = self.acc_dtype or q.dtype
         if q.shape[-2] == 1 and self.state is not None:
             out, self.state = linear_attention_recurrent(q, k, v, key_valid, self.state, acc_dtype=acc)

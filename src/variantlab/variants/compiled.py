@@ -1,15 +1,27 @@
-"""`compile: true`: torch.compile (inductor, dynamic shapes) of each decoder layer's MLP.
+"""`compile: true`: torch.compile (inductor) of what the engine runs per token.
 
 A runtime setting, applied by the measuring host after the variant loads and timed as its own
-cold-start stage; `compile_warmup` then runs the shapes the scenarios use (one request, a batch of
-two) so that compilation happens there, never inside a measurement. Attention and the KV cache stay
-eager: transformers' DynamicCache mutates Python state, which breaks graphs on every token.
+cold-start stage. Over the engine's preallocated (static) KV cache, the whole decode step is
+compiled with static shapes, as gpt-fast does (`TorchEngine.compile_decode_step`); a model whose
+attention keeps cache layers of its own (variantlab's linear and sliding kinds) has no static cache,
+and only its decoder MLPs are compiled (dynamic shapes). `compile_warmup` then runs the shapes the
+scenarios start with (one request, a batch of two) so that compilation happens there; the
+scenarios' own warm-up covers the other shapes, never a timed request.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from ..errors import RecipeError
+
+
+def compile_variant(engine, model, facts):
+    """Compile the engine's decode step (static cache) or else the model's decoder MLPs; facts say which."""
+    if engine.compile_decode_step():
+        return dataclasses.replace(
+            facts, kernels=facts.kernels + ("torch.compile (inductor, static shapes) of the whole decode step",),
+            extra={**facts.extra, "compile": {"backend": "inductor", "dynamic": False, "scope": "decode step"}})
+    return compile_decoder_mlps(model, facts)
 
 
 def compile_decoder_mlps(model, facts):

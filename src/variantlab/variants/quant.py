@@ -1,9 +1,10 @@
 """Quantization recipes: int8 (W8A16), w8a8, int4 (W4A16), w4a8 ("Flash") and sparse (2:4 + int8).
 
 Two steps, as in gpt-fast: the worker loads the checkpoint in `load_dtype` (the compute dtype, so
-that peak memory never holds an fp32 copy), then `apply` quantizes every nn.Linear it targets and
-swaps it in place for a module of quant_linear.py; model code knows nothing of this. Embeddings
-(unless quantize_embeddings: int8 rows, one scale per row),
+that peak memory never holds an fp32 copy), then `apply` quantizes every nn.Linear it targets (and
+every transformers Conv1D, GPT-2's transposed linear: quant_linear.as_linear) and swaps it in place for
+a module of quant_linear.py; model code knows nothing of this. Embeddings (unless quantize_embeddings:
+int8 rows, one scale per row; a scaled embedding, Gemma's, is quantized with its scale folded in),
 norms and the LM head stay in the compute dtype unless an option says otherwise.
 
 What each recipe runs, and its cost, is in quant_linear.py's docstring; the measured per-layer
@@ -102,7 +103,11 @@ class QuantRecipe:
 
 
 def _quantize_embeddings(model, dtype, path: str):
-    """Swap the input embedding table for its int8 form (the LM head keeps its own weight if tied)."""
+    """Swap the input embedding table for its int8 form (the LM head keeps its own weight if tied).
+
+    An embedding that multiplies its rows by a constant (Gemma's `embed_scale`, sqrt(hidden)) is
+    quantized as the scaled table it returns, so the int8 module needs no scale of its own."""
+    import torch
     from torch import nn
 
     from . import quant_linear as ql
@@ -112,41 +117,52 @@ def _quantize_embeddings(model, dtype, path: str):
         raise RecipeError(f"quantize_embeddings: {type(model).__name__}'s input embeddings are "
                           f"{type(emb).__name__}, not nn.Embedding", field="quantize_embeddings",
                           accepted="false for this model")
+    scale = getattr(emb, "embed_scale", None)
+    if scale is not None:  # the table as forward returns it: rows × the scale in the weight's dtype
+        w = emb.weight.detach()
+        scaled = nn.Embedding(emb.num_embeddings, emb.embedding_dim, emb.padding_idx, device="meta")
+        scaled.weight = nn.Parameter(w * torch.as_tensor(scale).to(w.dtype), requires_grad=False)
+        emb = scaled
     new = ql.Int8Embedding(emb, dtype, path)
     model.set_input_embeddings(new)
     return new
 
 
-def _targets(model, recipe: str, quantize_lm_head: bool):
-    """(name, nn.Linear) pairs to swap and the names of linears kept; refuse what cannot be swapped."""
+def _is_linear(m) -> bool:
+    """nn.Linear, or transformers' Conv1D (GPT-2: the same layer with its weight stored [in, out])."""
     from torch import nn
+    from transformers.pytorch_utils import Conv1D
+    return isinstance(m, (nn.Linear, Conv1D))
 
-    conv1d = [n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"]
-    if conv1d:
-        raise RecipeError(
-            f"GPT2 Conv1D layers are not nn.Linear; {type(model).__name__} has {len(conv1d)} "
-            f"(first: '{conv1d[0]}') and recipe '{recipe}' swaps nn.Linear layers only",
-            accepted="a causal LM whose projections are nn.Linear (Llama, Mistral, Qwen, Phi, ...)")
+
+def _features(m) -> tuple[int, int]:
+    """(in_features, out_features) of an nn.Linear or a Conv1D (weight [in, out], `nx` → `nf`)."""
+    return (m.in_features, m.out_features) if hasattr(m, "in_features") else (m.nx, m.nf)
+
+
+def _targets(model, recipe: str, quantize_lm_head: bool):
+    """(name, layer) pairs to swap (nn.Linear or Conv1D, as the model holds them) and the names of
+    linears kept; refuse what cannot be swapped."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     targets, kept = [], []
     for name, m in model.named_modules():
-        if isinstance(m, nn.Linear):
+        if _is_linear(m):
             if m is head and not quantize_lm_head:
                 kept.append(name)
             else:
                 targets.append((name, m))
     if not targets:
-        raise RecipeError(f"no quantizable layers: {type(model).__name__} has no nn.Linear layers"
+        raise RecipeError(f"no quantizable layers: {type(model).__name__} has no nn.Linear or Conv1D layers"
                           + (f" besides the LM head ({', '.join(kept)})" if kept else ""),
                           accepted="a causal LM with nn.Linear projections, or quantize_lm_head: true")
     return targets, kept
 
 
 def _check_group_size(targets, group_size: int) -> None:
-    bad = [(n, m.in_features) for n, m in targets if m.in_features % group_size]
+    bad = [(n, _features(m)[0]) for n, m in targets if _features(m)[0] % group_size]
     if not bad:
         return
-    widths = sorted({m.in_features for _, m in targets})
+    widths = sorted({_features(m)[0] for _, m in targets})
     fits = [g for g in GROUP_SIZES if all(k % g == 0 for k in widths)]
     name, k = bad[0]
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -159,11 +175,11 @@ def _check_group_size(targets, group_size: int) -> None:
 
 
 def _check_int_mm_shapes(targets, recipe: str) -> None:
-    bad = [(n, m) for n, m in targets if m.in_features % 8 or m.out_features % 8]
+    bad = [(n, _features(m)) for n, m in targets if _features(m)[0] % 8 or _features(m)[1] % 8]
     if bad:
-        n, m = bad[0]
+        n, (k, m) = bad[0]
         raise UnsupportedOnHardware(f"{recipe} on cuda: torch._int_mm needs in/out features divisible by 8; "
-                                    f"layer '{n}' is {m.in_features}→{m.out_features}")
+                                    f"layer '{n}' is {k}→{m}")
 
 
 def _tied_head_quantized(model, targets) -> bool:
@@ -174,13 +190,11 @@ def _tied_head_quantized(model, targets) -> bool:
 
 
 def _facts(recipe: QuantRecipe, model, options, parameters: int, swapped, kept, tied_head: bool) -> VariantFacts:
-    from torch import nn
-
     params_q = sum(m.logical_parameters for m in swapped)
     bytes_q = sum(t.numel() * t.element_size() for m in swapped for t in m.state_dict().values())
     _, nbytes = weight_facts(model)
     kernels = list(dict.fromkeys(m.kernel for m in swapped))
-    if any(isinstance(m, nn.Linear) for m in model.modules()):
+    if any(_is_linear(m) for m in model.modules()):
         kernels.append(f"aten::mm ({options.compute_dtype})")
     notes = list(dict.fromkeys(n for m in swapped for n in m.notes))
     if kept:

@@ -1,4 +1,5 @@
-"""Quantized drop-in replacements for nn.Linear: what `apply` swaps into a model.
+"""Quantized drop-in replacements for nn.Linear (and GPT-2's Conv1D, taken as the nn.Linear it
+equals: `as_linear`): what `apply` swaps into a model.
 
 Each module holds its weight in a quantized format (buffers) and runs one of two paths, fixed at
 construction:
@@ -75,8 +76,34 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(a, b)
 
 
-class QuantLinear(nn.Module):
-    """Shared shape handling: flatten leading dims, run `_mm` on [M, K], add bias, restore dims."""
+def as_linear(layer: nn.Module) -> nn.Module:
+    """The nn.Linear that computes what `layer` computes, for transformers' Conv1D (GPT-2's projections:
+    y = x @ W + b with W stored [in, out]): W transposed to [out, in], copied contiguous, and the same bias.
+    Any other module comes back as it is."""
+    from transformers.pytorch_utils import Conv1D
+
+    if not isinstance(layer, Conv1D):
+        return layer
+    w = layer.weight.detach()  # [in, out]
+    linear = nn.Linear(w.shape[0], w.shape[1], bias=layer.bias is not None, device="meta", dtype=w.dtype)
+    linear.weight = nn.Parameter(w.t().contiguous(), requires_grad=False)  # [out, in]
+    if layer.bias is not None:
+        linear.bias = nn.Parameter(layer.bias.detach(), requires_grad=False)
+    return linear
+
+
+class _TakesConv1D(type):
+    """Calling a QuantLinear class with a Conv1D builds it from `as_linear(layer)`: every module and
+    recipe quantizes GPT-2's projections as the nn.Linear they are, and reads them as [out, in]."""
+
+    def __call__(cls, layer, *args, **kwargs):
+        return super().__call__(as_linear(layer), *args, **kwargs)
+
+
+class QuantLinear(nn.Module, metaclass=_TakesConv1D):
+    """Shared shape handling: flatten leading dims, run `_mm` on [M, K], add bias, restore dims.
+
+    Constructors take an nn.Linear, or a transformers Conv1D (converted first: `as_linear`)."""
 
     kernel: str = ""
     notes: tuple[str, ...] = ()

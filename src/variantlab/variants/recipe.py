@@ -92,6 +92,20 @@ def resident_bytes(model) -> int:
     return nbytes
 
 
+def decode_weight_bytes(model) -> int:
+    """Bytes of weights one decode step must read: every weight as it runs, except that the input
+    embedding table is only looked up (one row a token) unless the LM head shares it (then the head
+    reads all of it)."""
+    total = resident_bytes(model)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    table = getattr(emb, "weight", None)
+    if table is None or (head is not None and getattr(head, "weight", None) is table):
+        return total
+    row = sum(t.numel() * t.element_size() for t in (*emb.parameters(), *emb.buffers())) // max(table.shape[0], 1)
+    return total - resident_bytes(emb) + row
+
+
 def cast_parameters(model, dtype) -> None:
     """Cast floating-point parameters (and persistent buffers) to dtype, leaving the rotary
     embedding's non-persistent inv_freq in the fp32 that loading gave it: `model.to(bf16)` would

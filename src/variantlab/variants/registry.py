@@ -69,9 +69,13 @@ def resolve_variant_recipe(variant, *, file: str | None = None, field: str = "va
     return name, options
 
 
-def resolve_variant_attention(variant, *, file: str | None = None, field: str = "variants[?]") -> str | None:
-    """The variant's attention as a canonical string ('gqa:4'), checked with its options; None for the model's own."""
-    from .attention import parse_attention, parse_attention_options
+def resolve_variant_attention(variant, *, config: dict | None = None, file: str | None = None,
+                              field: str = "variants[?]") -> str | None:
+    """The variant's attention as a canonical string ('gqa:4'), checked with its options; None for the model's own.
+
+    `config`: the checkpoint's config.json; the attention kind is then checked against its architecture
+    (attention.check_attention_for), so that a combination that cannot work is refused while planning."""
+    from .attention import check_attention_for, parse_attention, parse_attention_options
 
     if variant.attention is None:
         if variant.attention_options:
@@ -80,4 +84,6 @@ def resolve_variant_attention(variant, *, file: str | None = None, field: str = 
         return None
     spec = parse_attention(variant.attention, file=file, field=f"{field}.attention")
     parse_attention_options(variant.attention_options, file=file, field=f"{field}.attention_options")
+    if config is not None:
+        check_attention_for(config, spec, file=file, field=f"{field}.attention")
     return str(spec)

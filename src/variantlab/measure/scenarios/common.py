@@ -39,6 +39,10 @@ class ScenarioOutput(Output):
     passes: tuple[PassOutput, ...]
     shapes: str = Field(description="the shapes it sent, for the memory row's coverage note")
     warmed_shapes: int = 0
+    # What a decode step must read, and how fast this process reads memory (measured in the same round):
+    weight_bytes_per_token: int | None = None     # every weight a step reads (variants/recipe.decode_weight_bytes)
+    kv_bytes_per_position: int | None = None      # KV cache read per cached position
+    read_gbps: float | None = None                # hardware.read_bandwidth with the worker's threads
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,47 @@ def latency_rows(slo: dict) -> tuple[MetricDef, ...]:
                                            if (x := m.goodput(p.records, p.end - p.start, goal)) is not None],
                               mean))
     return tuple(rows)
+
+
+def decode_gbps(out: ScenarioOutput) -> list[float]:
+    """Per request: the bytes one decode step reads (weights + KV cache at the request's mean context)
+    ÷ its TPOT, in GB/s: what the step achieved against what it had to move."""
+    if out.weight_bytes_per_token is None:
+        return []
+    kv = out.kv_bytes_per_position or 0
+    gbps = []
+    for r in (r for p in out.passes for r in p.records if r.ok and r.tokens_out >= 2):
+        context = r.tokens_in + (r.tokens_out - 1) / 2
+        gbps.append((out.weight_bytes_per_token + kv * context) / m.tpot([r])[0] / 1e9)
+    return gbps
+
+
+def decode_bytes(ctx) -> dict:
+    """What a decode step of the host's variant reads, and this process's read bandwidth, measured now
+    (the fields of ScenarioOutput); {} where the host has no model (a remote backend)."""
+    built = getattr(ctx, "built", None)
+    if built is None or getattr(built, "model", None) is None:
+        return {}
+    from ...hardware import read_bandwidth
+    from ...variants.recipe import decode_weight_bytes
+    attn = (getattr(built.facts, "extra", None) or {}).get("attention") or {}
+    return {"weight_bytes_per_token": decode_weight_bytes(built.model),
+            "kv_bytes_per_position": attn.get("kv_cache_bytes_per_token"), "read_gbps": read_bandwidth()}
+
+
+def bandwidth_rows() -> tuple[MetricDef, ...]:
+    """Decode GB/s beside tok/s, and as a share of the rate this process reads memory."""
+    return (
+        MetricDef("decode_gbps", "Decode bandwidth (bytes a token reads ÷ TPOT)", "GB/s", False, "samples",
+                  decode_gbps, quantile(50), headline=6, sample_name="requests",
+                  note=lambda out: None if out.read_gbps is None else
+                  f"{(out.weight_bytes_per_token or 0) / 2**20:.1f} MiB of weights + "
+                  f"{(out.kv_bytes_per_position or 0) / 2**10:.1f} KiB of KV cache per position a token; this "
+                  f"process read memory at {out.read_gbps:.1f} GB/s"),
+        MetricDef("decode_of_read_bandwidth", "Decode bandwidth ÷ memory read bandwidth", "%", False, "samples",
+                  lambda out: [100 * g / out.read_gbps for g in decode_gbps(out)] if out.read_gbps else [],
+                  quantile(50), sample_name="requests"),
+    )
 
 
 def pass_rate(metric: Callable) -> Callable[[ScenarioOutput], list[float]]:

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...backends.base import run_requests
 from ..tracker import MetricDef
-from .common import PassOutput, Scenario, ScenarioOutput, labelled, latency_rows, requests_for, shapes_text, warm_up
+from .common import (PassOutput, Scenario, ScenarioOutput, bandwidth_rows, decode_bytes, labelled, latency_rows,
+                     requests_for, shapes_text, warm_up)
 
 
 class SingleStreamSpec(BaseModel):
@@ -39,7 +40,7 @@ class SingleStream(Scenario):
     spec_model = SingleStreamSpec
 
     def metrics(self) -> tuple[MetricDef, ...]:
-        return labelled(self.name, latency_rows(self.workload.slo))
+        return labelled(self.name, latency_rows(self.workload.slo) + bandwidth_rows())
 
     def run(self, ctx) -> ScenarioOutput:
         backend, samples, s = ctx.backend, ctx.samples, self.spec
@@ -56,4 +57,4 @@ class SingleStream(Scenario):
         end = self.clock()
         ctx.shapes.append(f"{self.name}: {shapes_text(records, 1)}")
         return ScenarioOutput(passes=(PassOutput(start=start, end=end, records=tuple(records)),),
-                              shapes=shapes_text(records, 1), warmed_shapes=warmed)
+                              shapes=shapes_text(records, 1), warmed_shapes=warmed, **decode_bytes(ctx))

@@ -38,7 +38,7 @@ class ColdStart(Unconfigured):
     def metrics(self) -> tuple[MetricDef, ...]:
         return (
             MetricDef("total", "Cold start (process start → first token)", "s", True, "process", _stage("total_s"),
-                      mean, headline=8),
+                      mean, headline=9),
             MetricDef("import", "Cold start: import", "s", True, "process", _stage("import_s"), mean),
             MetricDef("tokenizer", "Cold start: tokenizer", "s", True, "process", _stage("tokenizer_s"), mean),
             MetricDef("load", "Cold start: load weights", "s", True, "process", _stage("load_s"), mean),

@@ -39,7 +39,7 @@ class Facts(Unconfigured):
     def metrics(self) -> tuple[MetricDef, ...]:
         return (
             MetricDef("model_size", "Model size (weights as stored)", "B", True, "fact", _one("stored_bytes"),
-                      headline=9),
+                      headline=10),
             MetricDef("resident", "Weights in memory (as they run)", "B", True, "fact", _one("resident_bytes")),
             MetricDef("bits_per_weight", "Bits per weight (as stored)", "bits", None, "fact", _one("bits_per_weight")),
             MetricDef("kv_cache_per_token", "KV cache per token", "B", True, "fact", _one("kv_cache_bytes_per_token")),

@@ -60,7 +60,7 @@ class Memory(Unconfigured):
     def metrics(self) -> tuple[MetricDef, ...]:
         return (
             MetricDef("peak", "Peak memory above the post-import baseline", "B", True, "process",
-                      lambda out: [out.above_baseline], mean, headline=7,
+                      lambda out: [out.above_baseline], mean, headline=8,
                       note=lambda out: f"read after {'; '.join(out.covered) or 'no scenario'} "
                                        f"({out.instrument}; baseline: the process after its imports)"),
             MetricDef("process_peak", "Peak memory of the process", "B", True, "process",

@@ -1,0 +1,583 @@
+// Decode-shaped matmuls (M = 1..8 rows of activations) of bf16, int8 and int4 weights on AVX-512 CPUs.
+//
+// y[M, N] = x[M, K] @ W[N, K]^T, W in one of five forms (kernels/packing.py makes the packed ones and
+// holds the plain-PyTorch reference of each; kernels/__init__.py says which module runs which):
+//
+//   bf16_mm    W bf16 [N, K] row-major (nn.Linear's own weight), x bf16. _mm512_dpbf16_ps, fp32 sums.
+//   int8_mm    W = q[N, K] int8 · s[N], x bf16 or fp32. int8 → fp32 in registers, fp32 FMA: the same
+//              tensors aten::_weight_int8pack_mm reads, so no layout change.
+//   int4_mm    W = ((q − 8) · s + z) per group, q packed 16 rows × 4 k per 32 bytes (pack_int4_bf16),
+//              x bf16 (fp32 x runs as bf16 hi + lo parts). Each nibble becomes the bf16 1 + q/16 with
+//              one shift and one ternary-logic op, then _mm512_dpbf16_ps against a broadcast x pair;
+//              per group, Σ w·x = 16·s·D + (z − 24·s)·Σx where D = Σ (1 + q/16)·x.
+//   w8a8_mm    W = q[N, K] int8 · s[N], x quantized per token to int8 (as qp.quantize_int8_per_token),
+//              _mm512_dpbusd_epi32 on (xq + 128) as u8: Σ xq·q = Σ (xq + 128)·q − 128·Σ q.
+//   w4a8_mm    int4 as above, packed 16 rows × 8 k per 64 bytes (pack_int4_vnni), x quantized per
+//              token; _mm512_dpbusd_epi32 with the nibbles as u8 and xq as s8, per group
+//              Σ w·xq = s·Σ q·xq + (z − 8·s)·Σ xq.
+//
+// Rows are split between threads with at::parallel_for (torch's OpenMP pool, torch.set_num_threads).
+// M > 8 is run in chunks of 8 rows of x (each chunk reads W again): these kernels are for decode;
+// callers keep aten for prefill. Compiled with -mavx512f/bw/vl/bf16/vnni: loading it on a CPU without
+// those is prevented in Python (kernels/_build.py checks the CPU flags first).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kMaxM = 8;
+
+// Software prefetch distance (bytes ahead in each weight stream). At M = 1 the int8 and int4 loops
+// issue several instructions per byte of weight, so the out-of-order window alone keeps too few
+// cache misses in flight to reach the memory bandwidth; bf16's loop needs none.
+#ifndef VK_PREFETCH
+#define VK_PREFETCH 1024
+#endif
+constexpr int64_t kAhead = VK_PREFETCH;
+
+inline void prefetch(const void* p) {
+#ifdef VK_T1
+  if (kAhead > 0) _mm_prefetch(static_cast<const char*>(p) + kAhead, _MM_HINT_T1);
+#else
+  if (kAhead > 0) _mm_prefetch(static_cast<const char*>(p) + kAhead, _MM_HINT_T0);
+#endif
+}
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline __m512 load_bf16x16(const uint16_t* p) {  // 16 bf16 → 16 fp32 (exact)
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+
+template <typename T>
+inline void store(T* p, float v) { *p = static_cast<T>(v); }  // c10::BFloat16(float) rounds to nearest even
+
+template <typename T>
+inline void store16(T* p, __m512 v, __mmask16 mask) {
+  alignas(64) float tmp[16];
+  _mm512_store_ps(tmp, v);
+  for (int i = 0; i < 16; ++i)
+    if (mask >> i & 1) p[i] = static_cast<T>(tmp[i]);
+}
+
+// ------------------------------------------------------------------------------------------------
+// bf16 weights: R rows of W at a time against M rows of x; horizontal sums at the end of each row.
+
+template <int M, int R, typename T>
+void bf16_rows(const uint16_t* x, const uint16_t* w, int64_t K, int64_t n, T* y, int64_t N) {
+  __m512 acc[M][R];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  const uint16_t* wr[R];
+  for (int r = 0; r < R; ++r) wr[r] = w + (n + r) * K;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512i wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr[r] + k);
+    for (int m = 0; m < M; ++m) {
+      __m512i xv = _mm512_loadu_si512(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], as_bh(xv), as_bh(wv[r]));
+    }
+  }
+  if (k < K) {
+    const __mmask32 tail = (__mmask32)((1ull << (K - k)) - 1);
+    __m512i wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(tail, wr[r] + k);
+    for (int m = 0; m < M; ++m) {
+      __m512i xv = _mm512_maskz_loadu_epi16(tail, x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], as_bh(xv), as_bh(wv[r]));
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) store(y + m * N + n + r, _mm512_reduce_add_ps(acc[m][r]));
+}
+
+template <int M, typename T>
+void bf16_run(const uint16_t* x, const uint16_t* w, int64_t K, int64_t N, T* y) {
+  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  const int64_t blocks = (N + R - 1) / R;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * R;
+      if (n + R <= N) bf16_rows<M, R>(x, w, K, n, y, N);
+      else
+        for (int64_t r = n; r < N; ++r) bf16_rows<M, 1>(x, w, K, r, y, N);
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// int8 weights, float activations (converted to fp32 once per call): int8 → fp32 in registers.
+
+template <int M, int R, typename T, typename S>
+void int8_rows(const float* x, const int8_t* q, const S* s, int64_t K, int64_t n, T* y, int64_t N) {
+  __m512 acc[M][R];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  const int8_t* qr[R];
+  for (int r = 0; r < R; ++r) qr[r] = q + (n + r) * K;
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    if (k % 64 == 0)
+      for (int r = 0; r < R; ++r) prefetch(qr[r] + k);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r)
+      wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(qr[r] + k))));
+    for (int m = 0; m < M; ++m) {
+      __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 tail = (__mmask16)((1u << (K - k)) - 1);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r)
+      wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(tail, qr[r] + k)));
+    for (int m = 0; m < M; ++m) {
+      __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float sc = static_cast<float>(s[n + r]);
+    for (int m = 0; m < M; ++m) store(y + m * N + n + r, _mm512_reduce_add_ps(acc[m][r]) * sc);
+  }
+}
+
+template <int M, typename T, typename S>
+void int8_run(const float* x, const int8_t* q, const S* s, int64_t K, int64_t N, T* y) {
+#ifdef VK_R8
+  constexpr int R = M <= 2 ? VK_R8 : M <= 4 ? 2 : 1;
+#else
+  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+#endif
+  const int64_t blocks = (N + R - 1) / R;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * R;
+      if (n + R <= N) int8_rows<M, R>(x, q, s, K, n, y, N);
+      else
+        for (int64_t r = n; r < N; ++r) int8_rows<M, 1>(x, q, s, K, r, y, N);
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// int4 group-wise, bf16 activations. Block b holds rows 16b..16b+15: K/4 chunks of 32 bytes, then its
+// scales and zeros [G][2][16] (S = bf16 or fp32). xp: x as uint32 pairs of bf16 [M, K/2]; xs: Σx per
+// group [M, G] (fp32, from the same bf16 values).
+
+template <typename S>
+inline __m512 load16(const S* p);
+template <>
+inline __m512 load16<float>(const float* p) { return _mm512_loadu_ps(p); }
+template <>
+inline __m512 load16<at::BFloat16>(const at::BFloat16* p) { return load_bf16x16((const uint16_t*)p); }
+
+template <int M, typename S>
+void int4_block(const uint8_t* p, const S* sz, const uint32_t* xp, const float* xs, int64_t K, int64_t G,
+                int64_t gs, float* out /* [M][16] */) {
+  const __m512i one = _mm512_set1_epi16(0x3F80), field = _mm512_set1_epi16(0x78);
+  const __m512 m24 = _mm512_set1_ps(-24.f), c16 = _mm512_set1_ps(16.f);
+  __m512 o[M];
+  for (int m = 0; m < M; ++m) o[m] = _mm512_setzero_ps();
+  const int64_t half = K / 2;
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    const int64_t j0 = g * gs / 4, j1 = j0 + gs / 4;
+    for (int64_t j = j0; j < j1; ++j, p += 32) {
+      if (j % 2 == 0) prefetch(p);
+      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
+      // (v << 3) & 0x78 | 0x3F80 = bf16 1 + lo/16; (v >> 1) & 0x78 | 0x3F80 = bf16 1 + hi/16
+      const __m512i lo = _mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 3), field, one, 0xEA);
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 1), field, one, 0xEA);
+      for (int m = 0; m < M; ++m) {
+        const uint32_t* xm = xp + m * half + 2 * j;
+        acc[m] = _mm512_dpbf16_ps(acc[m], as_bh(lo), as_bh(_mm512_set1_epi32(xm[0])));
+        acc[m] = _mm512_dpbf16_ps(acc[m], as_bh(hi), as_bh(_mm512_set1_epi32(xm[1])));
+      }
+    }
+    const __m512 s = load16(sz + g * 32), z = load16(sz + g * 32 + 16);
+    const __m512 s16 = _mm512_mul_ps(s, c16), zz = _mm512_fmadd_ps(s, m24, z);
+    for (int m = 0; m < M; ++m) {
+      o[m] = _mm512_fmadd_ps(acc[m], s16, o[m]);
+      o[m] = _mm512_fmadd_ps(zz, _mm512_set1_ps(xs[m * G + g]), o[m]);
+    }
+  }
+  for (int m = 0; m < M; ++m) _mm512_storeu_ps(out + m * 16, o[m]);
+}
+
+// ------------------------------------------------------------------------------------------------
+// int8 weights × int8 activations (VNNI): xu = xq + 128 as u8 [M, K] (K padded to 64 with 128s, so
+// the padding adds 128·0 against masked-out weights), Σ xq·q = Σ xu·q − 128·Σ q.
+
+template <int M, int R, typename T, typename S>
+void w8a8_rows(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const float* a, int64_t K, int64_t n,
+               T* y, int64_t N) {
+  __m512i acc[M][R], qs[R];
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int r = 0; r < R; ++r) {
+    qs[r] = _mm512_setzero_si512();
+    for (int m = 0; m < M; ++m) acc[m][r] = _mm512_setzero_si512();
+  }
+  const int8_t* qr[R];
+  for (int r = 0; r < R; ++r) qr[r] = q + (n + r) * K;
+  auto step = [&](int64_t k, __mmask64 mask, bool full) {
+    __m512i wv[R];
+    for (int r = 0; r < R; ++r) {
+      if (full) {
+        prefetch(qr[r] + k);
+        wv[r] = _mm512_loadu_si512(qr[r] + k);
+      } else {
+        wv[r] = _mm512_maskz_loadu_epi8(mask, qr[r] + k);
+      }
+      qs[r] = _mm512_dpbusd_epi32(qs[r], ones, wv[r]);
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m512i xv = _mm512_loadu_si512(xu + m * Kp + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbusd_epi32(acc[m][r], xv, wv[r]);
+    }
+  };
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) step(k, ~0ull, true);
+  if (k < K) step(k, (1ull << (K - k)) - 1, false);
+  for (int r = 0; r < R; ++r) {
+    const int32_t wsum = _mm512_reduce_add_epi32(qs[r]);
+    const float sc = static_cast<float>(s[n + r]);
+    for (int m = 0; m < M; ++m) {
+      const int32_t dot = _mm512_reduce_add_epi32(acc[m][r]) - 128 * wsum;
+      store(y + m * N + n + r, static_cast<float>(dot) * a[m] * sc);  // as W8A8._mm: acc * a * s
+    }
+  }
+}
+
+template <int M, typename T, typename S>
+void w8a8_run(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const float* a, int64_t K, int64_t N,
+              T* y) {
+  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  const int64_t blocks = (N + R - 1) / R;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * R;
+      if (n + R <= N) w8a8_rows<M, R>(xu, Kp, q, s, a, K, n, y, N);
+      else
+        for (int64_t r = n; r < N; ++r) w8a8_rows<M, 1>(xu, Kp, q, s, a, K, r, y, N);
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// int4 group-wise × int8 activations (VNNI). Block b: K/8 chunks of 64 bytes (16 rows × 8 k; byte
+// 4i + j = q[i, 8c + j] | q[i, 8c + 4 + j] << 4), then scales and zeros [G][2][16]. xq4: xq as int32
+// quads [M, K/4]; xs: Σ xq per group [M, G] (int32 → fp32); a: per-token scales [M].
+
+template <int M, typename S>
+void w4a8_block(const uint8_t* p, const S* sz, const int32_t* xq4, const float* xs, int64_t K, int64_t G,
+                int64_t gs, float* out) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512 m8 = _mm512_set1_ps(-8.f);
+  __m512 o[M];
+  for (int m = 0; m < M; ++m) o[m] = _mm512_setzero_ps();
+  const int64_t quads = K / 4;
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_si512();
+    const int64_t c0 = g * gs / 8, c1 = c0 + gs / 8;
+    for (int64_t c = c0; c < c1; ++c, p += 64) {
+      prefetch(p);
+      const __m512i v = _mm512_loadu_si512(p);
+      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      for (int m = 0; m < M; ++m) {
+        const int32_t* xm = xq4 + m * quads + 2 * c;
+        acc[m] = _mm512_dpbusd_epi32(acc[m], lo, _mm512_set1_epi32(xm[0]));
+        acc[m] = _mm512_dpbusd_epi32(acc[m], hi, _mm512_set1_epi32(xm[1]));
+      }
+    }
+    const __m512 s = load16(sz + g * 32), z = load16(sz + g * 32 + 16);
+    const __m512 zz = _mm512_fmadd_ps(s, m8, z);
+    for (int m = 0; m < M; ++m) {
+      o[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), s, o[m]);
+      o[m] = _mm512_fmadd_ps(zz, _mm512_set1_ps(xs[m * G + g]), o[m]);
+    }
+  }
+  for (int m = 0; m < M; ++m) _mm512_storeu_ps(out + m * 16, o[m]);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Dispatch on M (1..8) at compile time.
+
+template <template <int> class F, typename... A>
+void dispatch_m(int64_t m, A&&... args) {
+  switch (m) {
+    case 1: F<1>::run(args...); break;
+    case 2: F<2>::run(args...); break;
+    case 3: F<3>::run(args...); break;
+    case 4: F<4>::run(args...); break;
+    case 5: F<5>::run(args...); break;
+    case 6: F<6>::run(args...); break;
+    case 7: F<7>::run(args...); break;
+    case 8: F<8>::run(args...); break;
+    default: TORCH_CHECK(false, "M must be 1..8");
+  }
+}
+
+void check_2d(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous 2-D CPU tensor");
+}
+
+// ---- bf16_mm
+
+template <int M>
+struct Bf16 {
+  static void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t m0) {
+    const int64_t K = x.size(1), N = w.size(0);
+    bf16_run<M>((const uint16_t*)x.data_ptr<at::BFloat16>() + m0 * K, (const uint16_t*)w.data_ptr<at::BFloat16>(),
+                K, N, y.data_ptr<at::BFloat16>() + m0 * N);
+  }
+};
+
+at::Tensor bf16_mm(const at::Tensor& x, const at::Tensor& w) {
+  check_2d(x, "x");
+  check_2d(w, "w");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16_mm: x and w must be bf16");
+  TORCH_CHECK(x.size(1) == w.size(1), "bf16_mm: x is [M, K], w is [N, K]");
+  auto y = at::empty({x.size(0), w.size(0)}, x.options());
+  for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM) dispatch_m<Bf16>(std::min(kMaxM, x.size(0) - m0), x, w, y, m0);
+  return y;
+}
+
+// ---- int8_mm
+
+template <int M>
+struct Int8 {
+  template <typename T, typename S>
+  static void typed(const float* x, const at::Tensor& q, const at::Tensor& s, at::Tensor& y, int64_t m0) {
+    const int64_t K = q.size(1), N = q.size(0);
+    int8_run<M>(x + m0 * K, q.data_ptr<int8_t>(), s.data_ptr<S>(), K, N, y.data_ptr<T>() + m0 * N);
+  }
+  static void run(const float* x, const at::Tensor& q, const at::Tensor& s, at::Tensor& y, int64_t m0) {
+    const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
+    if (bf && sbf) typed<at::BFloat16, at::BFloat16>(x, q, s, y, m0);
+    else if (bf) typed<at::BFloat16, float>(x, q, s, y, m0);
+    else if (sbf) typed<float, at::BFloat16>(x, q, s, y, m0);
+    else typed<float, float>(x, q, s, y, m0);
+  }
+};
+
+void check_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, name, " must be bf16 or fp32");
+}
+
+at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) {
+  check_2d(x, "x");
+  check_2d(q, "q");
+  check_float(x, "x");
+  check_float(s, "scales");
+  TORCH_CHECK(q.scalar_type() == at::kChar && x.size(1) == q.size(1), "int8_mm: q must be int8 [N, K], x [M, K]");
+  TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), "int8_mm: scales must be [N]");
+  const auto xf = x.to(at::kFloat).contiguous();
+  auto y = at::empty({x.size(0), q.size(0)}, x.options());
+  for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM)
+    dispatch_m<Int8>(std::min(kMaxM, x.size(0) - m0), xf.data_ptr<float>(), q, s, y, m0);
+  return y;
+}
+
+// ---- int4_mm and w4a8_mm share the block loop: rows of 16, split between threads.
+
+template <int M>
+struct Int4 {
+  template <typename S>
+  static void typed(const at::Tensor& packed, const at::Tensor& sz, const uint32_t* xp, const float* xs,
+                    int64_t K, int64_t G, int64_t gs, float* y, int64_t N16) {
+    const uint8_t* p = packed.data_ptr<uint8_t>();
+    const S* s = sz.data_ptr<S>();
+    at::parallel_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
+      alignas(64) float out[M * 16];
+      for (int64_t b = b0; b < b1; ++b) {
+        int4_block<M>(p + b * K * 8, s + b * G * 32, xp, xs, K, G, gs, out);
+        for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
+      }
+    });
+  }
+  static void run(const at::Tensor& packed, const at::Tensor& sz, const uint32_t* xp, const float* xs, int64_t K,
+                  int64_t G, int64_t gs, float* y, int64_t N16) {
+    if (sz.scalar_type() == at::kBFloat16) typed<at::BFloat16>(packed, sz, xp, xs, K, G, gs, y, N16);
+    else typed<float>(packed, sz, xp, xs, K, G, gs, y, N16);
+  }
+};
+
+void check_int4(const at::Tensor& packed, const at::Tensor& sz, int64_t K, int64_t gs, int64_t n, int64_t per_byte) {
+  TORCH_CHECK(packed.is_contiguous() && packed.scalar_type() == at::kByte && packed.dim() == 2,
+              "packed must be a contiguous uint8 [N/16, K·8] tensor");
+  TORCH_CHECK(gs > 0 && gs % per_byte == 0 && K % gs == 0, "group_size must divide K and be a multiple of ",
+              per_byte);
+  const int64_t N16 = packed.size(0) * 16, G = K / gs;
+  TORCH_CHECK(packed.size(1) == K * 8, "packed is [N/16, K·8] for K = ", K);
+  TORCH_CHECK(n > 0 && n <= N16, "out_features must be in (0, ", N16, "]");
+  TORCH_CHECK(sz.is_contiguous() && sz.numel() == N16 * G * 2 &&
+                  (sz.scalar_type() == at::kBFloat16 || sz.scalar_type() == at::kFloat),
+              "scales_zeros must be bf16/fp32 [N/16, G, 2, 16]");
+}
+
+at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
+  check_2d(x, "x");
+  check_float(x, "x");
+  const int64_t M = x.size(0), K = x.size(1), G = K / gs;
+  check_int4(packed, sz, K, gs, n, 4);
+  const int64_t N16 = packed.size(0) * 16;
+  // fp32 x runs as two bf16 rows, hi = bf16(x) and lo = bf16(x − hi): |x − hi − lo| ≤ 2^-16·|x|.
+  const bool split = x.scalar_type() == at::kFloat;
+  at::Tensor xb;
+  if (split) {
+    const auto hi = x.to(at::kBFloat16);
+    xb = at::cat({hi, (x - hi.to(at::kFloat)).to(at::kBFloat16)}, 0);
+  } else {
+    xb = x;
+  }
+  const auto xs = xb.to(at::kFloat).view({xb.size(0), G, gs}).sum(2).contiguous();  // [M', G]
+  auto yf = at::empty({xb.size(0), N16}, x.options().dtype(at::kFloat));
+  const uint32_t* xp = (const uint32_t*)xb.data_ptr<at::BFloat16>();
+  for (int64_t m0 = 0; m0 < xb.size(0); m0 += kMaxM)
+    dispatch_m<Int4>(std::min(kMaxM, xb.size(0) - m0), packed, sz, xp + m0 * K / 2, xs.data_ptr<float>() + m0 * G, K,
+                     G, gs, yf.data_ptr<float>() + m0 * N16, N16);
+  if (split) yf = yf.narrow(0, 0, M) + yf.narrow(0, M, M);
+  return yf.narrow(1, 0, n).to(x.scalar_type());
+}
+
+// ---- activations quantized per token, as variants/quant_packing.quantize_int8_per_token:
+// a = max(amax|x| / 127, FLT_MIN), xq = clamp(round_half_even(x / a), −127, 127).
+
+void quantize_rows(const at::Tensor& x, int8_t* xq, int64_t ld, float* a) {
+  const auto xf = x.to(at::kFloat).contiguous();
+  const float* p = xf.data_ptr<float>();
+  const int64_t M = x.size(0), K = x.size(1);
+  for (int64_t m = 0; m < M; ++m) {
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(p[m * K + k]));
+    const float am = std::max(amax / 127.f, std::numeric_limits<float>::min());
+    a[m] = am;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = std::nearbyint(p[m * K + k] / am);
+      xq[m * ld + k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+    }
+  }
+}
+
+template <int M>
+struct W8A8 {
+  template <typename T, typename S>
+  static void typed(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
+                    at::Tensor& y, int64_t m0) {
+    const int64_t K = q.size(1), N = q.size(0);
+    w8a8_run<M>(xu + m0 * Kp, Kp, q.data_ptr<int8_t>(), s.data_ptr<S>(), a + m0, K, N, y.data_ptr<T>() + m0 * N);
+  }
+  static void run(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
+                  at::Tensor& y, int64_t m0) {
+    const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
+    if (bf && sbf) typed<at::BFloat16, at::BFloat16>(xu, Kp, q, s, a, y, m0);
+    else if (bf) typed<at::BFloat16, float>(xu, Kp, q, s, a, y, m0);
+    else if (sbf) typed<float, at::BFloat16>(xu, Kp, q, s, a, y, m0);
+    else typed<float, float>(xu, Kp, q, s, a, y, m0);
+  }
+};
+
+at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) {
+  check_2d(x, "x");
+  check_2d(q, "q");
+  check_float(x, "x");
+  check_float(s, "scales");
+  TORCH_CHECK(q.scalar_type() == at::kChar && x.size(1) == q.size(1), "w8a8_mm: q must be int8 [N, K], x [M, K]");
+  TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), "w8a8_mm: scales must be [N]");
+  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
+  std::vector<int8_t> xq(M * Kp, 0);
+  std::vector<float> a(M);
+  quantize_rows(x, xq.data(), Kp, a.data());
+  for (auto& v : xq) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);  // xq + 128 as u8 (pad: 128)
+  auto y = at::empty({M, q.size(0)}, x.options());
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+    dispatch_m<W8A8>(std::min(kMaxM, M - m0), (const uint8_t*)xq.data(), Kp, q, s, a.data(), y, m0);
+  return y;
+}
+
+template <int M>
+struct W4A8 {
+  template <typename S>
+  static void typed(const at::Tensor& packed, const at::Tensor& sz, const int32_t* xq4, const float* xs, int64_t K,
+                    int64_t G, int64_t gs, float* y, int64_t N16) {
+    const uint8_t* p = packed.data_ptr<uint8_t>();
+    const S* s = sz.data_ptr<S>();
+    at::parallel_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
+      alignas(64) float out[M * 16];
+      for (int64_t b = b0; b < b1; ++b) {
+        w4a8_block<M>(p + b * K * 8, s + b * G * 32, xq4, xs, K, G, gs, out);
+        for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
+      }
+    });
+  }
+  static void run(const at::Tensor& packed, const at::Tensor& sz, const int32_t* xq4, const float* xs, int64_t K,
+                  int64_t G, int64_t gs, float* y, int64_t N16) {
+    if (sz.scalar_type() == at::kBFloat16) typed<at::BFloat16>(packed, sz, xq4, xs, K, G, gs, y, N16);
+    else typed<float>(packed, sz, xq4, xs, K, G, gs, y, N16);
+  }
+};
+
+at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
+  check_2d(x, "x");
+  check_float(x, "x");
+  const int64_t M = x.size(0), K = x.size(1), G = K / gs;
+  check_int4(packed, sz, K, gs, n, 8);
+  const int64_t N16 = packed.size(0) * 16;
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> a(M), xs(M * G);
+  quantize_rows(x, xq.data(), K, a.data());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      int32_t t = 0;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) t += xq[m * K + k];
+      xs[m * G + g] = static_cast<float>(t);
+    }
+  auto yf = at::empty({M, N16}, x.options().dtype(at::kFloat));
+  const int32_t* xq4 = (const int32_t*)xq.data();
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+    dispatch_m<W4A8>(std::min(kMaxM, M - m0), packed, sz, xq4 + m0 * K / 4, xs.data() + m0 * G, K, G, gs,
+                     yf.data_ptr<float>() + m0 * N16, N16);
+  const auto av = at::from_blob(a.data(), {M, 1}, at::kFloat);
+  return (yf.narrow(1, 0, n) * av).to(x.scalar_type());
+}
+
+}  // namespace
+
+#ifndef VK_NS
+#define VK_NS variantlab_kernels
+#endif
+TORCH_LIBRARY(VK_NS, m) {
+  m.def("bf16_mm(Tensor x, Tensor w) -> Tensor");
+  m.def("int8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
+  m.def("int4_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
+  m.def("w8a8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
+  m.def("w4a8_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(VK_NS, CPU, m) {
+  m.impl("bf16_mm", &bf16_mm);
+  m.impl("int8_mm", &int8_mm);
+  m.impl("int4_mm", &int4_mm);
+  m.impl("w8a8_mm", &w8a8_mm);
+  m.impl("w4a8_mm", &w4a8_mm);
+}
