@@ -225,7 +225,7 @@ def _run_llama(conn, gguf_path: str, threads: int, n_ctx: int) -> None:
                                 tuple(toks), "length"))
 
 
-def _run_variantlab(conn, model_dir: str, recipe: str, options: dict, threads: int) -> None:
+def _run_variantlab(conn, model_dir: str, recipe: str, options: dict, threads: int, compile_step: bool) -> None:
     """Worker: build the variant, then answer (prompt ids, n) with a RequestRecord until told None."""
     import torch
     torch.set_num_threads(threads)
@@ -236,10 +236,11 @@ def _run_variantlab(conn, model_dir: str, recipe: str, options: dict, threads: i
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     built = build(model_dir, VariantDefinition(recipe, recipe, options), "cpu")
-    engine = TorchEngine(built.model, built.tokenizer, "cpu", "peer-bench")
+    engine = TorchEngine(built.model, built.tokenizer, "cpu", "peer-bench", compile_step=compile_step)
     facts = built.facts
     conn.send({"weight_bytes": int(facts.extra.get("resident_bytes", facts.weight_bytes)),
-               "parameters": int(facts.parameters), "kernels": ", ".join(facts.kernels),
+               "parameters": int(facts.parameters),
+               "kernels": ", ".join(facts.kernels + (("torch.compile of the decode step",) if compile_step else ())),
                "version": torch.__version__})
     with torch.inference_mode():                      # as the measuring worker runs the engine
         while (job := conn.recv()) is not None:
@@ -351,9 +352,9 @@ def measure(pair: Pair, gguf_path: Path, model_dir: Path, ids: list[int], args) 
     n_ctx = len(ids) + args.new_tokens + 8
     llama = Worker(f"llama.cpp {pair.gguf}", _run_llama, str(gguf_path), args.threads, n_ctx)
     vl = Worker(f"variantlab {pair.recipe}", _run_variantlab, str(model_dir), pair.recipe,
-                dict(pair.options), args.threads)
+                dict(pair.options), args.threads, args.compile)
     try:
-        for w in (llama, vl):                         # warm-up: first-call allocations, page faults
+        for w in (llama, vl):                         # warm-up: first-call allocations, page faults, compiling
             w.run(ids, args.new_tokens)
         lt, vt, agree = [], [], None
         for i in range(args.pairs):
@@ -405,6 +406,8 @@ def main() -> None:
     ap.add_argument("--precisions", default=",".join(p.gguf for p in PAIRS),
                     help="a subset of F32,BF16,Q8_0,Q4_0")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the checkpoint and GGUF files here")
+    ap.add_argument("--compile", action="store_true",
+                    help="variantlab compiles its decode step (a variant's `compile: true`); the warm-up compiles")
     args = ap.parse_args()
     if importlib.util.find_spec("llama_cpp") is None:
         raise SystemExit(INSTALL_HINT)

@@ -26,6 +26,7 @@ from variantlab.backends.torch_engine import TorchEngine
 from variantlab.data.structured import generate_samples
 from variantlab.measure.metrics import tpot
 from variantlab.models.loading import BUILTIN_MODELS
+from variantlab.variants.decode_kernels import with_decode_kernels
 from variantlab.variants.registry import get_recipe, parse_options
 
 CONFIG = dict(hidden_size=768, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
@@ -39,7 +40,7 @@ def build(recipe_name: str, options: dict):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(recipe.load_dtype(opts)).eval()
     t0 = time.perf_counter()
-    facts = recipe.apply(model, opts, "cpu")
+    facts = with_decode_kernels(model, recipe.apply(model, opts, "cpu"))   # as variants.build does
     return model, facts, time.perf_counter() - t0
 
 

@@ -81,3 +81,71 @@ def tiny_lm(tiny_model_dir):
 
     from variantlab.models.loading import load_causal_lm
     return load_causal_lm(tiny_model_dir, torch.float32, "cpu")
+
+
+def switch_off_our_kernels(monkeypatch) -> None:
+    """Our decode kernels (variants/kernels) count as unavailable, as on a CPU without AVX-512: every
+    module takes its aten path and W4A8 its group-major int8 layout (at build and at every call)."""
+    from variantlab.variants import kernels
+
+    off = kernels.KernelStatus(False, "our AVX-512 kernels are off: switched off for this test; aten runs instead")
+    monkeypatch.setattr(kernels, "status", lambda: off)
+    monkeypatch.setattr(kernels, "available", lambda: False)
+
+
+@pytest.fixture
+def aten_only(monkeypatch):
+    """The test runs with our decode kernels switched off (switch_off_our_kernels)."""
+    switch_off_our_kernels(monkeypatch)
+
+
+@pytest.fixture
+def our_kernels():
+    """Skips the test where our decode kernels cannot run (their status says why)."""
+    from variantlab.variants import kernels
+
+    st = kernels.status()
+    if not st.available:
+        pytest.skip(st.reason)
+    return st
+
+
+# --- tiny random checkpoints of the families users bring (tests/variants/test_families.py's table)
+
+FAMILIES = ("gpt2", "phi3", "gemma", "gemma2", "gemma3", "neox")
+
+
+def family_config(family: str, tok):
+    import transformers as tf
+    ids = {"vocab_size": len(tok), "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
+           "eos_token_id": tok.eos_token_id, "initializer_range": 0.2}
+    if family == "gpt2":
+        return tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128, **ids)
+    common = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "max_position_embeddings": 128, **ids}
+    if family == "neox":
+        return tf.GPTNeoXConfig(**common)   # rotary on 0.25 of each head, parallel residual
+    gemma = {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 32}
+    return {
+        "phi3": lambda: tf.Phi3Config(num_key_value_heads=2, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, **common),
+        "gemma": lambda: tf.GemmaConfig(num_key_value_heads=2, head_dim=16, **common),
+        "gemma2": lambda: tf.Gemma2Config(**gemma, **common),   # layers: sliding, full; soft-capping on
+        "gemma3": lambda: tf.Gemma3TextConfig(layer_types=["sliding_attention", "full_attention"], **gemma, **common),
+    }[family]()
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tiny_model_dir, tmp_path_factory):
+    """family → a checkpoint directory (config.json, model.safetensors, the session's tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    dirs = {}
+    for family in FAMILIES:
+        path = tmp_path_factory.mktemp(family)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(family_config(family, tok)).save_pretrained(path)
+        tok.save_pretrained(path)
+        dirs[family] = path
+    return dirs

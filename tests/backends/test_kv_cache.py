@@ -58,6 +58,8 @@ def test_a_reused_cache_never_reads_what_the_last_request_left(tiny_lm):
 @pytest.mark.parametrize("recipe", ["fp32", "bf16", "int8", "int4", "w8a8", "w4a8"])
 @pytest.mark.parametrize("attention", [None, "gqa:1", "linear", "sliding:8"])
 def test_the_fast_path_equals_the_reference_for_every_recipe_and_attention_kind(tiny_model_dir, recipe, attention):
+    """The same variant (our kernels where they run) with the static cache and with the growing one.
+    Ours against aten is tests/variants/test_decode_kernels.py's."""
     from variantlab.variants.build import VariantDefinition, build
     options = {"group_size": 32} if recipe in ("int4", "w4a8") else {}
     built = build(tiny_model_dir, VariantDefinition("v", recipe, options, attention), "cpu")
@@ -90,3 +92,15 @@ def test_the_compiled_decode_step_equals_the_reference(tiny_lm):
     assert compiled._decode is not compiled._forward
     assert tokens(compiled, PROMPTS) == tokens(ref, PROMPTS)
     assert tokens(compiled, PROMPTS[:1]) == tokens(ref, PROMPTS[:1])
+
+
+@pytest.mark.slow
+def test_two_compiled_engines_never_share_a_graph(tiny_model_dir):
+    """Guards on the model's modules are skipped, so each engine compiles a code object of its own: a
+    second variant in the same process (here int8 after fp32, other module types) gets its own graph."""
+    from variantlab.variants.build import VariantDefinition, build
+    for recipe in ("fp32", "int8"):
+        built = build(tiny_model_dir, VariantDefinition(recipe, recipe, {}), "cpu")
+        compiled = TorchEngine(built.model, built.tokenizer, "cpu", compile_step=True)
+        ref = TorchEngine(built.model, built.tokenizer, "cpu", static_cache=False)
+        assert tokens(compiled, PROMPTS[:1]) == tokens(ref, PROMPTS[:1]), recipe

@@ -15,6 +15,9 @@ from torch import nn
 from variantlab.errors import ModelLoadError, RecipeError
 from variantlab.models.loading import load_causal_lm
 from variantlab.variants import artifact as art
+from variantlab.variants import kernels
+from variantlab.variants.decode_kernels import use_decode_kernels, with_decode_kernels
+from variantlab.variants.kernel_linear import plain_class
 from variantlab.variants import quant_linear as ql
 from variantlab.variants import quant_packing as qp
 from variantlab.variants.recipe import resident_bytes
@@ -43,7 +46,7 @@ def _build(model_dir, recipe_name, options):
     recipe = get_recipe(recipe_name)
     opts = parse_options(recipe, options)
     model, tok = load_causal_lm(model_dir, recipe.load_dtype(opts), "cpu")
-    return model, tok, recipe.apply(model, opts, "cpu")
+    return model, tok, with_decode_kernels(model, recipe.apply(model, opts, "cpu"))  # as build() does
 
 
 @contextlib.contextmanager
@@ -122,7 +125,7 @@ def test_size_on_disk_is_the_model_size(round_trip):
     assert loaded_facts.kernels == facts.kernels and loaded_facts.recipe == facts.recipe
     # in memory: what the build held, and what the loaded model holds
     assert loaded_facts.extra["resident_bytes"] == facts.extra["resident_bytes"] == resident_bytes(loaded)
-    if case in ("w4a8-g64", "w4a8-g32"):  # the kernel reads its int4 values unpacked as int8
+    if case in ("w4a8-g64", "w4a8-g32") and not kernels.available():  # int4 values unpacked as int8
         assert facts.extra["resident_bytes"] > facts.weight_bytes
     else:
         assert facts.extra["resident_bytes"] == facts.weight_bytes
@@ -173,10 +176,20 @@ def test_w4a8_artifact_stores_four_bits_a_weight(tiny_model_dir, tmp_path, group
     assert len(unpacks) == len(layers)  # once per layer: from_state only shapes the module (meta)
     for a, b in zip(_outputs(model), _outputs(loaded)):
         assert torch.equal(a, b)
-    for name, m in layers.items():  # resident: unpacked at load, as built
-        assert torch.equal(loaded.get_submodule(name).qweight, m.qweight) and m.qweight.dtype == torch.int8
-    unpacked = sum(m.out_features * (m.in_features + m.k_pad) // 2 for m in layers.values())
-    assert resident_bytes(loaded) == loaded_facts.extra["resident_bytes"] == expected + unpacked
+    for name, m in layers.items():  # resident: converted at load to the layout built here
+        got = dict(loaded.get_submodule(name).named_buffers())
+        assert got.keys() == dict(m.named_buffers()).keys()
+        assert all(torch.equal(got[k], b) for k, b in m.named_buffers())
+    if kernels.available():  # our w4a8_mm reads the int4 values packed: 4 bits resident, rows padded to 16
+        assert all(m.packed.dtype == torch.uint8 and m.packed.numel() == -(-m.out_features // 16) * 16
+                   * (m.in_features + m.k_pad) // 2 for m in layers.values())
+        padded = sum((-m.out_features % 16) * (m.in_features + m.k_pad) // 2 * (1 + 8 / group_size)
+                     for m in layers.values())
+        assert resident_bytes(loaded) == loaded_facts.extra["resident_bytes"] == expected + padded
+    else:  # one torch._int_mm per group reads them unpacked as int8
+        assert all(m.qweight.dtype == torch.int8 for m in layers.values())
+        unpacked = sum(m.out_features * (m.in_features + m.k_pad) // 2 for m in layers.values())
+        assert resident_bytes(loaded) == loaded_facts.extra["resident_bytes"] == expected + unpacked
 
 
 def test_variant_json_says_what_was_built_and_from_what(tiny_model_dir, round_trip):
@@ -280,8 +293,9 @@ def test_a_mix_of_quant_modules_and_linears_round_trips(tiny_model_dir, tmp_path
                                        "model.layers.0.mlp.up_proj", "model.layers.0.self_attn.q_proj"]
     with _no_quantization():
         loaded, _, _ = art.load_artifact(out, "cpu")
-    assert type(loaded.model.layers[0].self_attn.k_proj) is nn.Linear
+    assert plain_class(loaded.model.layers[0].self_attn.k_proj) is nn.Linear
     assert loaded.model.layers[0].self_attn.k_proj.weight.dtype == torch.bfloat16
+    use_decode_kernels(model)   # as loading did
     for a, b in zip(_outputs(model), _outputs(loaded)):
         assert torch.equal(a, b)
 

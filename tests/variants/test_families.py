@@ -14,6 +14,10 @@ agrees with the kernel path; the artifact loads back bit-identical; gqa:<its K/V
 sliding with a window longer than the sequence is full attention, while a pooled gqa, a short window and
 linear attention change the outputs; what cannot work is refused in one line naming the model class, in
 the planning process (config.json only) and at build time.
+
+These run with our decode kernels switched off (the `aten_only` fixture): KV-cached decode then
+computes what the naive reference computes up to aten's own rounding. Ours against aten on every
+family is tests/variants/test_decode_kernels.py's.
 """
 from __future__ import annotations
 
@@ -23,18 +27,19 @@ import json
 import pytest
 import torch
 import yaml
+from conftest import FAMILIES
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from variantlab.errors import RecipeError
 from variantlab.variants import artifact as art
+from variantlab.variants.kernel_linear import KernelLinear
 from variantlab.variants import quant_linear as ql
 from variantlab.variants.attention import apply_attention, check_attention_for
 from variantlab.variants.build import VariantDefinition, build
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("aten_only")]
 
-FAMILIES = ("gpt2", "phi3", "gemma", "gemma2", "gemma3", "neox")
 QUANT = {  # case: (recipe, options); int4 and w4a8 at the default group_size 64
     "int8": ("int8", {}),
     "w8a8": ("w8a8", {}),
@@ -49,41 +54,6 @@ QUANT = {  # case: (recipe, options); int4 and w4a8 at the default group_size 64
 KV_HEADS = {"gpt2": 4, "phi3": 2, "gemma": 2, "gemma2": 2, "gemma3": 2, "neox": 4}
 POOLS = {"phi3", "gemma", "gemma2", "gemma3"}          # gqa:1 pools K/V heads; gpt2 and neox refuse it
 PROMPT_LEN, NEW_TOKENS = 9, 4
-
-
-def _config(family: str, tok):
-    import transformers as tf
-    ids = {"vocab_size": len(tok), "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
-           "eos_token_id": tok.eos_token_id, "initializer_range": 0.2}
-    if family == "gpt2":
-        return tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128, **ids)
-    common = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "max_position_embeddings": 128, **ids}
-    if family == "neox":
-        return tf.GPTNeoXConfig(**common)   # rotary on 0.25 of each head, parallel residual
-    gemma = {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 32}
-    return {
-        "phi3": lambda: tf.Phi3Config(num_key_value_heads=2, rope_parameters={
-            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, **common),
-        "gemma": lambda: tf.GemmaConfig(num_key_value_heads=2, head_dim=16, **common),
-        "gemma2": lambda: tf.Gemma2Config(**gemma, **common),   # layers: sliding, full; soft-capping on
-        "gemma3": lambda: tf.Gemma3TextConfig(layer_types=["sliding_attention", "full_attention"], **gemma, **common),
-    }[family]()
-
-
-@pytest.fixture(scope="session")
-def family_dirs(tiny_model_dir, tmp_path_factory):
-    """family → a checkpoint directory (config.json, model.safetensors, the session's tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    dirs = {}
-    for family in FAMILIES:
-        path = tmp_path_factory.mktemp(family)
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(_config(family, tok)).save_pretrained(path)
-        tok.save_pretrained(path)
-        dirs[family] = path
-    return dirs
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +91,8 @@ def greedy(model, ids, n: int = NEW_TOKENS) -> list[int]:
 
 
 def _unswapped(model) -> list[str]:
-    """Names of the plain nn.Linear / Conv1D layers left."""
-    return [n for n, m in model.named_modules() if type(m) in (nn.Linear, Conv1D)]
+    """Names of the plain nn.Linear / Conv1D layers left (KernelLinear: an nn.Linear on our decode GEMV)."""
+    return [n for n, m in model.named_modules() if type(m) in (nn.Linear, KernelLinear, Conv1D)]
 
 
 def _round_trip(built, source, out_dir) -> None:

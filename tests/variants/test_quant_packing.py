@@ -203,8 +203,9 @@ def test_int4_kernel_path_stores_four_bits_plus_scales():
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-def test_w4a8_stores_four_bits_and_holds_eight(group_size):
-    """Stored (state_dict): nibbles + scales and zeros, the python path's very tensors. Resident: int8."""
+def test_w4a8_stores_four_bits_and_holds_eight(aten_only, group_size):
+    """Stored (state_dict): nibbles + scales and zeros, the python path's very tensors. Resident without
+    our kernels: int8 per group, for torch._int_mm."""
     n, k = 64, 256
     lin = _linear(k=k, n=n, bias=False)
     mod = ql.W4A8(lin, torch.bfloat16, "kernel", group_size=group_size)
@@ -247,3 +248,19 @@ def test_w4a8_load_of_an_incomplete_state_names_what_is_missing():
     with pytest.raises(RuntimeError, match='Missing key.*"qpacked"') as e:
         mod.load_state_dict(stored)
     assert "qweight" not in str(e.value) and "size mismatch" not in str(e.value)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_w4a8_holds_four_bits_for_our_kernel(our_kernels, group_size):
+    """With our w4a8_mm, resident = stored: the int4 values stay packed (16-row blocks, N = 64 here),
+    and the state_dict is the same as without it (an artifact does not depend on the machine)."""
+    n, k = 64, 256
+    lin = _linear(k=k, n=n, bias=False)
+    mod = ql.W4A8(lin, torch.bfloat16, "kernel", group_size=group_size)
+    assert mod.packed.dtype == torch.uint8 and "qweight" not in dict(mod.named_buffers())
+    stored = mod.state_dict()
+    assert _nbytes(mod.buffers()) == _nbytes(stored.values()) == n * k // 2 + (k // group_size) * n * 2 * 2
+    reference = ql.W4A8(lin, torch.bfloat16, "python", group_size=group_size).state_dict()
+    assert stored.keys() == reference.keys()
+    for name, t in reference.items():
+        assert torch.equal(stored[name], t), name

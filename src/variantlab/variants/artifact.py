@@ -102,6 +102,8 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
     import torch
     import transformers
 
+    from .kernel_attention import saved_implementation
+
     t0 = time.perf_counter()
     out_dir, source = Path(out_dir), Path(source_model_path).resolve()
     from .registry import get_recipe
@@ -114,7 +116,7 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
     device_type = devices.pop() if devices else "cpu"
     modules = _module_states(model)
     load_dtype = str(model.config.dtype).removeprefix("torch.")
-    attn = getattr(model.config, "_attn_implementation", None)
+    attn = saved_implementation(getattr(model.config, "_attn_implementation", None))
     _check_rebuildable(model, state, modules, load_dtype, attn, attention)  # before copying any tensor
     tensors, aliases = _unique_tensors(state)
     buffers = {name: str(b.dtype).removeprefix("torch.") for name, b in _non_persistent_buffers(model)}
@@ -235,10 +237,11 @@ def _check_rebuildable(model, state: dict, modules: dict, load_dtype: str, attn:
 
     skeleton = _skeleton(copy.deepcopy(model.config), load_dtype, attn, attention)
     _swap_modules(skeleton, modules, {k: v.to("meta") for k, v in state.items()})
+    from .kernel_linear import plain_class
     mine, theirs = dict(model.named_modules()), dict(skeleton.named_modules())
     for name in dict.fromkeys([*mine, *theirs]):
         a, b = mine.get(name), theirs.get(name)
-        if a is None or b is None or type(a) is not type(b):
+        if a is None or b is None or plain_class(a) is not plain_class(b):
             got, rebuilt = (type(m).__name__ if m is not None else "nothing" for m in (a, b))
             raise RecipeError(f"cannot save this variant as an artifact: module '{name}' is {got}, and the "
                               f"model rebuilt from its config has {rebuilt} there",
@@ -358,6 +361,7 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None):
     from safetensors import safe_open
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+    from .decode_kernels import with_decode_kernels
     from .recipe import VariantFacts
 
     path = Path(path)
@@ -405,7 +409,7 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None):
                          extra=dict(f.get("extra", {})) | {"artifact_bytes_on_disk": disk,
                                                            "state_bytes": f["weight_bytes"],
                                                            "artifact_path": str(path.resolve())})
-    return model, tok, facts
+    return model, tok, with_decode_kernels(model, facts)
 
 
 def _aligned(t):

@@ -79,6 +79,7 @@ def build(source: str | Path, variant: VariantDefinition, device: str = "cpu", *
     from ..errors import UnsupportedOnHardware
     from ..models.loading import load_causal_lm, resolve_model_path
     from .attention import apply_attention, attention_facts
+    from .decode_kernels import with_decode_kernels
     from .recipe import BuildContext
     from .registry import get_recipe, parse_options
 
@@ -107,7 +108,9 @@ def build(source: str | Path, variant: VariantDefinition, device: str = "cpu", *
         facts = dataclasses.replace(facts, kernels=facts.kernels + tuple(attn.get("kernels", ())),
                                     notes=facts.notes + tuple(attn.get("notes", ())),
                                     extra={**facts.extra, "attention": attn})
+    facts = with_decode_kernels(model, facts)
     return BuiltVariant(model, tokenizer, facts, variant, {"load_s": t1 - t0, "apply_s": t2 - t1})
+
 
 
 def save(built: BuiltVariant, source: str | Path, out_dir: str | Path) -> dict:

@@ -4,7 +4,7 @@ equals: `as_linear`): what `apply` swaps into a model.
 Each module holds its weight in a quantized format (buffers) and runs one of two paths, fixed at
 construction:
 
-- kernel: the fastest aten kernel this device has for the scheme (below), or ours where aten has none;
+- kernel: the fastest kernel this device has for the scheme (below): aten's, or ours where they are faster;
 - python: dequantize the whole weight in plain PyTorch ops on every call, then aten::mm. A labelled
   slow path: the dequantization overhead of the analysis, and the naive reference that every
   kernel path is tested against (tests/variants/).
@@ -14,16 +14,22 @@ name suggests (a fallback, padding, an unpacked layout).
 
 | module            | CPU kernel path                                   | CUDA kernel path (untested here)      |
 |-------------------|---------------------------------------------------|---------------------------------------|
-| Int8WeightOnly    | aten::_weight_int8pack_mm(x, q[N,K], s[N])        | int8→dtype cast + aten::mm            |
+| Int8WeightOnly    | ours int8_mm at M ≤ 8, else                       | int8→dtype cast + aten::mm            |
+|                   | aten::_weight_int8pack_mm(x, q[N,K], s[N])        |                                       |
 | Int4WeightOnly    | aten::_weight_int4pack_mm_for_cpu                 | aten::_weight_int4pack_mm (bf16 only) |
-| W8A8              | per-token int8 quant + torch._int_mm(xq, q.t())   | same; M padded to 32 when M ≤ 16      |
-| W4A8              | ours: per-token int8 quant + one torch._int_mm    | same                                  |
-|                   | per group over int4 values held unpacked as int8  |                                       |
+| W8A8              | ours w8a8_mm at M ≤ 8, else per-token int8 quant  | same as CPU's else; M padded to 32    |
+|                   | + torch._int_mm(xq, q.t())                        | when M ≤ 16                           |
+| W4A8              | ours w4a8_mm (int4 read packed), every M; without | torch._int_mm per group               |
+|                   | our kernels: torch._int_mm per int4 group         |                                       |
 | Sparse24Int8      | (none: recipe unsupported on CPU)                 | torch._cslt_sparse_mm (cuSPARSELt)    |
 
+"ours" are variants/kernels' AVX-512 kernels, used where they run (`kernels.available()`, checked per
+call, so one module serves machines with and without them); Int4WeightOnly keeps aten's kernel, which
+ours only matched (benchmarks/decode_kernels.py).
+
 What is stored is `state_dict()`: what an artifact saves and `weight_facts` counts (the model size).
-What is resident is the buffers forward reads (`resident_bytes`). They differ for W4A8's kernel path
-only. Bits per weight below are for bf16 scales and zeros (fp32 doubles the per-group part):
+What is resident is the buffers forward reads (`resident_bytes`). They differ for W4A8's group-major
+path only. Bits per weight below are for bf16 scales and zeros (fp32 doubles the per-group part):
 
 | module (path)                    | stored                                   | resident                            |
 |----------------------------------|------------------------------------------|-------------------------------------|
@@ -33,7 +39,9 @@ only. Bits per weight below are for bf16 scales and zeros (fp32 doubles the per-
 |                                  | scales and zeros: 4 + 32/gs bits         |                                     |
 | Int4WeightOnly, W4A8 (python)    | nibbles uint8 [N, K/2] + scales, zeros   | the same                            |
 |                                  | [N, G]: 4 + 32/gs bits                   |                                     |
-| W4A8 (kernel)                    | as the python path: 4 + 32/gs bits       | int8 [G, N, gs] + scales, zeros     |
+| W4A8 (kernel, ours)              | as the python path: 4 + 32/gs bits       | kernels/packing.py's layout: the    |
+|                                  |                                          | same bits, rows padded to 16        |
+| W4A8 (kernel, group-major)       | as the python path: 4 + 32/gs bits       | int8 [G, N, gs] + scales, zeros     |
 |                                  |                                          | [G, N]: 8 + 32/gs bits              |
 | Sparse24Int8                     | cuSPARSELt's compressed layout (kernel), | the same                            |
 |                                  | dense int8 (python)                      |                                     |
@@ -41,18 +49,18 @@ only. Bits per weight below are for bf16 scales and zeros (fp32 doubles the per-
 A module whose running form is not its stored form says how to go from one to the other
 (`_stored_form`, `_resident_form`); `state_dict()` and `load_state_dict()` go through them
 (torch's `_save_to_state_dict` / `_load_from_state_dict`, as torch.ao's packed quantized modules do),
-so an artifact holds the stored form and loading converts it once.
+so an artifact holds the stored form and loading converts it once, to the layout this machine runs.
 
 W4A8 has no usable aten kernel on x86 CPU: aten::_dyn_quant_matmul_4bit exists, but outside
 Arm/KleidiAI it is a scalar reference loop for symmetric weights only (measured here at 1024×1024:
-10x bf16 at M = 1, 68x at M = 8). Ours computes, per group g of the K axis,
+10x bf16 at M = 1, 68x at M = 8). Ours (variants/kernels, w4a8_mm) multiplies the packed nibbles
+by int8 activations with VNNI dot products, 5-14x faster than the fallback below at M = 1 and
+3-4x at M = 256. Without it (no AVX-512 VNNI), the fallback computes, per group g of the K axis,
 P_g = xq[:, g] @ (q[:, g] − 8)ᵀ in int32 with torch._int_mm, then
 y = a · Σ_g (s_g · P_g + z_g · Σ_k xq[:, g]) — G = K/group_size kernel calls per layer. _int_mm has no
-int4 operand, so the kernel reads the int4 values unpacked as int8: W4A8 *stores* them packed, two a
-byte, with scales and zeros [N, G] (4 + 32/group_size bits a weight: the artifact, `weight_bytes`),
-the same tensors as its python path, and unpacks them once at load into the group-major int8 layout,
-so they are *resident* at 8 + 32/group_size bits (facts.extra["resident_bytes"]). Both costs, the G
-calls and the resident bytes, are findings, not hidden.
+int4 operand, so that path reads the int4 values unpacked as int8 (8 + 32/group_size bits a weight
+resident, facts.extra["resident_bytes"]); it unpacks them once at load. Both costs, the G calls and
+the resident bytes, are findings, not hidden.
 
 _int_mm's second operand is passed as q.t() of a row-major [N, K] weight (column-major [K, N]):
 on our CPU that is 2-3x faster than a contiguous [K, N] copy (oneDNN's preferred weight layout).
@@ -63,7 +71,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels as vk
 from . import quant_packing as qp
+from .kernels import packing as kp
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -74,6 +84,11 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.is_cuda and m <= 16:
         return torch._int_mm(F.pad(a, (0, 0, 0, 32 - m)), b)[:m]
     return torch._int_mm(a, b)
+
+
+def _decode_rows(x: torch.Tensor) -> bool:
+    """x [M, K] is decode-shaped (M ≤ kernels.MAX_ROWS), on the CPU, and our kernels run here."""
+    return x.shape[0] <= vk.MAX_ROWS and x.device.type == "cpu" and vk.available()
 
 
 def as_linear(layer: nn.Module) -> nn.Module:
@@ -131,6 +146,10 @@ class QuantLinear(nn.Module, metaclass=_TakesConv1D):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, path={self.path}, kernel={self.kernel}"
+
+    def ours(self) -> str | None:
+        """Which of our kernels (variants/kernels) forward calls here, and at which M; None: aten's only."""
+        return None
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -271,8 +290,13 @@ class Int8WeightOnly(QuantLinear):
             self.notes = (f"int8 on {self.device_type}: aten has no fast weight-only int8 matmul here; the "
                           f"weight is cast to {name} on every call (dequantization overhead)",)
 
+    def ours(self):
+        return f"int8_mm at ≤ {vk.MAX_ROWS} rows" if self.path == "kernel" and self.device_type == "cpu" else None
+
     def _mm(self, x):
         if self.device_type == "cpu":
+            if _decode_rows(x):
+                return vk.int8_mm(x, self.qweight, self.scales)
             return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
         return F.linear(x, self.qweight.to(x.dtype)) * self.scales
 
@@ -293,7 +317,12 @@ class W8A8(QuantLinear):
         if path == "kernel" and self.device_type == "cuda":
             self.notes = ("w8a8 on cuda: torch._int_mm needs M > 16, so decode rows are zero-padded to 32",)
 
+    def ours(self):
+        return f"w8a8_mm at ≤ {vk.MAX_ROWS} rows" if self.path == "kernel" and self.device_type == "cpu" else None
+
     def _mm(self, x):
+        if _decode_rows(x):
+            return vk.w8a8_mm(x, self.qweight, self.scales)
         xq, a = qp.quantize_int8_per_token(x)
         acc = int_mm(xq, self.qweight.t())
         return (acc * a * self.scales.float()).to(x.dtype)
@@ -373,7 +402,18 @@ class Int4WeightOnly(_GroupWise):
 
 
 class W4A8(_GroupWise):
-    """int4 group-wise asymmetric weights × int8 per-token symmetric activations (the analysis's "Flash")."""
+    """int4 group-wise asymmetric weights × int8 per-token symmetric activations (the analysis's "Flash").
+
+    The kernel path holds one of two resident layouts, chosen when the module is built or loaded:
+    where our kernels run (an AVX-512 VNNI CPU), `packed` + `scales_zeros` (kernels/packing.py:
+    4 bits a weight, as stored) read by our w4a8_mm at every M; elsewhere, the int4 values unpacked
+    as int8 per group [G, N, gs] for one torch._int_mm per group (8 bits a weight resident)."""
+
+    OURS_LABEL = "variantlab w4a8_mm (AVX-512 VNNI) on int4 read packed, at every M"
+    GROUP_MAJOR_LABEL = "ours: torch._int_mm per int4 group (int8 activations)"
+    GROUP_MAJOR_NOTE = ("w4a8 has no aten kernel here: ours runs one torch._int_mm per group "
+                        "(in_features / group_size calls a layer) and holds the int4 values unpacked as int8: "
+                        "stored packed at 4 bits a weight (+ scales and zeros), resident at 8")
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64) -> None:
         super().__init__(linear, dtype, path, group_size)
@@ -383,34 +423,48 @@ class W4A8(_GroupWise):
             self.kernel = f"python dequant int4→{DTYPE_NAMES[dtype]} + fake-quant activations + aten::mm"
             return
         q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), group_size, dtype)
-        self.register_buffer("qweight", qp.int4_group_major(q, group_size))  # [G, N, gs] int8 in [-8, 7]
-        self.register_buffer("scales", s.t().contiguous())                  # [G, N] dtype
-        self.register_buffer("zeros", z.t().contiguous())                   # [G, N] dtype
-        self.kernel = "ours: torch._int_mm per int4 group (int8 activations)"
-        self.notes += ("w4a8 has no aten kernel here: ours runs one torch._int_mm per group "
-                       "(in_features / group_size calls a layer) and holds the int4 values unpacked as int8: "
-                       "stored packed at 4 bits a weight (+ scales and zeros), resident at 8",)
+        stored = {"qpacked": qp.pack_nibbles(q), "scales": s, "zeros": z}
+        for name, t in self._resident_form(stored).items():
+            self.register_buffer(name, t)
+
+    def _vnni_layout(self) -> bool:
+        return self.device_type == "cpu" and self.group_size % 8 == 0 and vk.available()
 
     def _stored_form(self, resident):
-        """Kernel path: int8 [G, N, gs] → nibbles [N, K'/2] and scales, zeros [G, N] → [N, G], the python
+        """Kernel path: either resident layout → nibbles [N, K'/2] and scales, zeros [N, G], the python
         path's tensors. Lossless; the python path stores what it runs."""
         if self.path == "python":
             return resident
         out = dict(resident)
+        if "packed" in out:
+            p, sz = out.pop("packed"), out.pop("scales_zeros")
+            s, z = kp.unpack_scales_zeros(sz, self.out_features)
+            return out | {"qpacked": qp.pack_nibbles(kp.unpack_int4_vnni(p, self.out_features)),
+                          "scales": s.contiguous(), "zeros": z.contiguous()}
         q, s, z = out.pop("qweight"), out.pop("scales"), out.pop("zeros")
         return out | {"qpacked": qp.pack_nibbles(qp.int4_from_group_major(q)),
                       "scales": s.t().contiguous(), "zeros": z.t().contiguous()}
 
     def _resident_form(self, stored):
-        """Kernel path: unpack once (at load) into the layout `_mm` reads; inverse of `_stored_form`."""
+        """Kernel path: the layout `_mm` reads on this machine (class docstring), made once at build or
+        load; inverse of `_stored_form`. Sets the kernel label and notes to match."""
         if self.path == "python":
             return stored
         out = dict(stored)
         p, s, z = out.pop("qpacked"), out.pop("scales"), out.pop("zeros")
-        return out | {"qweight": qp.int4_group_major(qp.unpack_nibbles(p), self.group_size),
+        q = qp.unpack_nibbles(p)
+        self.notes = self._pad_note()
+        if self._vnni_layout():
+            self.kernel = self.OURS_LABEL
+            return out | {"packed": kp.pack_int4_vnni(q), "scales_zeros": kp.pack_scales_zeros(s, z)}
+        self.kernel = self.GROUP_MAJOR_LABEL
+        self.notes += (self.GROUP_MAJOR_NOTE,)
+        return out | {"qweight": qp.int4_group_major(q, self.group_size),
                       "scales": s.t().contiguous(), "zeros": z.t().contiguous()}
 
     def _mm(self, x):
+        if "packed" in self._buffers:
+            return vk.w4a8_mm(self._pad_x(x), self.packed, self.scales_zeros, self.group_size, self.out_features)
         xq, a = qp.quantize_int8_per_token(self._pad_x(x))
         m = xq.shape[0]
         groups = self.qweight.shape[0]

@@ -7,11 +7,13 @@ one file, built on first use by _build.py) read at it.
 
 | op (torch.ops.variantlab_kernels.*) | weights it reads                 | activations | replaces at M ≤ 8 |
 |-------------------------------------|----------------------------------|-------------|-------------------|
+| fp32_mm(x, w)                       | fp32 [N, K] (the nn.Linear's)    | fp32        | aten::linear      |
 | bf16_mm(x, w)                       | bf16 [N, K] (the nn.Linear's)    | bf16        | aten::linear      |
 | int8_mm(x, q, s)                    | int8 [N, K] + s [N]              | bf16, fp32  | _weight_int8pack_mm |
 | int4_mm(x, p, sz, gs, N)            | packing.pack_int4_bf16 + sz      | bf16, fp32  | _weight_int4pack_mm_for_cpu |
 | w8a8_mm(x, q, s)                    | int8 [N, K] + s [N]              | int8/token  | torch._int_mm     |
 | w4a8_mm(x, p, sz, gs, N)            | packing.pack_int4_vnni + sz      | int8/token  | G × torch._int_mm |
+| decode_attention(q, k, v, keep, sc) | the KV cache [B, Hkv, L, D]      | fp32, bf16  | SDPA at q_len 1   |
 
 Each op equals its reference in packing.py (plain PyTorch, fp32 from the dequantized weight) up to
 fp32 summation order; tests/variants/test_kernels.py checks it on odd shapes. `status()` says
@@ -27,23 +29,35 @@ from .packing import pack_int4_bf16, pack_int4_vnni, pack_scales_zeros
 
 MAX_ROWS = 8  # the kernels' M; above it they loop over chunks of 8 rows, re-reading the weight
 
-__all__ = ["KernelStatus", "status", "available", "bf16_mm", "int8_mm", "int4_mm", "w8a8_mm", "w4a8_mm",
-           "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros", "MAX_ROWS"]
+__all__ = ["KernelStatus", "status", "available", "fp32_mm", "bf16_mm", "int8_mm", "int4_mm", "w8a8_mm", "w4a8_mm",
+           "decode_attention", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros", "MAX_ROWS"]
+
+
+_status: KernelStatus | None = None   # a plain global, not functools.cache: torch.compile traces reads of it
 
 
 def status() -> KernelStatus:
-    return load()
+    """Whether our kernels run here (built or loaded on first call, once per process) and, if not, why."""
+    global _status
+    if _status is None:
+        _status = load()
+    return _status
 
 
 def available() -> bool:
-    return load().available
+    return (_status or status()).available
 
 
 def _ops():
-    st = load()
+    st = _status or status()
     if not st.available:
         raise RuntimeError(st.reason)
     return torch.ops.variantlab_kernels
+
+
+def fp32_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x fp32 [M, K] @ w fp32 [N, K]ᵀ → fp32 [M, N]."""
+    return _ops().fp32_mm(x, w)
 
 
 def bf16_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -65,6 +79,13 @@ def int4_mm(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, g
 def w8a8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Per-token int8 quantized x [M, K] @ (q int8 [N, K] · scales [N])ᵀ → x.dtype [M, N]."""
     return _ops().w8a8_mm(x, q, scales)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """softmax(q·Kᵀ·scale)·V for one query position: q [B, H, 1, D], k, v [B, Hkv, L, D], keep bool
+    [B, L] or None (all) → [B, 1, H, D] in q's dtype. Masked positions are skipped, never read."""
+    return _ops().decode_attention(q, k, v, keep, scale)
 
 
 def w4a8_mm(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int,

@@ -3,6 +3,7 @@
 // y[M, N] = x[M, K] @ W[N, K]^T, W in one of five forms (kernels/packing.py makes the packed ones and
 // holds the plain-PyTorch reference of each; kernels/__init__.py says which module runs which):
 //
+//   fp32_mm    W fp32 [N, K] row-major (nn.Linear's own weight), x fp32. _mm512_fmadd_ps.
 //   bf16_mm    W bf16 [N, K] row-major (nn.Linear's own weight), x bf16. _mm512_dpbf16_ps, fp32 sums.
 //   int8_mm    W = q[N, K] int8 · s[N], x bf16 or fp32. int8 → fp32 in registers, fp32 FMA: the same
 //              tensors aten::_weight_int8pack_mm reads, so no layout change.
@@ -12,6 +13,8 @@
 //              per group, Σ w·x = 16·s·D + (z − 24·s)·Σx where D = Σ (1 + q/16)·x.
 //   w8a8_mm    W = q[N, K] int8 · s[N], x quantized per token to int8 (as qp.quantize_int8_per_token),
 //              _mm512_dpbusd_epi32 on (xq + 128) as u8: Σ xq·q = Σ (xq + 128)·q − 128·Σ q.
+//   decode_attention  one query position per sequence against a KV cache [B, Hkv, L, D] (grouped
+//              heads read their shared K/V head), skipping masked positions: softmax(q·Kᵀ·scale)·V in fp32.
 //   w4a8_mm    int4 as above, packed 16 rows × 8 k per 64 bytes (pack_int4_vnni), x quantized per
 //              token; _mm512_dpbusd_epi32 with the nibbles as u8 and xq as s8, per group
 //              Σ w·xq = s·Σ q·xq + (z − 8·s)·Σ xq.
@@ -73,6 +76,52 @@ inline void store16(T* p, __m512 v, __mmask16 mask) {
   _mm512_store_ps(tmp, v);
   for (int i = 0; i < 16; ++i)
     if (mask >> i & 1) p[i] = static_cast<T>(tmp[i]);
+}
+
+// ------------------------------------------------------------------------------------------------
+// fp32 weights: as bf16_rows, 16 fp32 lanes a step, fused multiply-add.
+
+template <int M, int R>
+void fp32_rows(const float* x, const float* w, int64_t K, int64_t n, float* y, int64_t N) {
+  __m512 acc[M][R];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  const float* wr[R];
+  for (int r = 0; r < R; ++r) wr[r] = w + (n + r) * K;
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(wr[r] + k);
+    for (int m = 0; m < M; ++m) {
+      __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 tail = (__mmask16)((1u << (K - k)) - 1);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(tail, wr[r] + k);
+    for (int m = 0; m < M; ++m) {
+      __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) y[m * N + n + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+template <int M>
+void fp32_run(const float* x, const float* w, int64_t K, int64_t N, float* y) {
+  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  const int64_t blocks = (N + R - 1) / R;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * R;
+      if (n + R <= N) fp32_rows<M, R>(x, w, K, n, y, N);
+      else
+        for (int64_t r = n; r < N; ++r) fp32_rows<M, 1>(x, w, K, r, y, N);
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -320,6 +369,64 @@ void w4a8_block(const uint8_t* p, const S* sz, const int32_t* xq4, const float* 
 }
 
 // ------------------------------------------------------------------------------------------------
+// Decode attention: q [B, H, 1, D] (any strides but the last), k, v [B, Hkv, L, D] (last dim
+// contiguous), keep: which of the L positions each row attends to (nullptr: all). fp32 sums; the
+// softmax is taken over kept positions only, so the unused tail of a static cache is never read.
+
+template <typename T>
+inline __m512 load_row16(const T* p, __mmask16 m);
+template <>
+inline __m512 load_row16<float>(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+template <>
+inline __m512 load_row16<at::BFloat16>(const at::BFloat16* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+template <typename T>
+void attend_one(const T* q, const T* k, const T* v, int64_t L, int64_t D, int64_t ks, const bool* keep,
+                int64_t keep_stride, float scale, float* scores, T* out) {
+  const int64_t chunks = (D + 15) / 16;
+  __m512 qv[16];  // D ≤ 256
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
+    qv[c] = _mm512_mul_ps(load_row16(q + c * 16, m), _mm512_set1_ps(scale));
+  }
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t l = 0; l < L; ++l) {
+    if (keep && !keep[l * keep_stride]) { scores[l] = -std::numeric_limits<float>::infinity(); continue; }
+    __m512 acc = _mm512_setzero_ps();
+    const T* kr = k + l * ks;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
+      acc = _mm512_fmadd_ps(qv[c], load_row16(kr + c * 16, m), acc);
+    }
+    scores[l] = _mm512_reduce_add_ps(acc);
+    mx = std::max(mx, scores[l]);
+  }
+  __m512 o[16];
+  for (int64_t c = 0; c < chunks; ++c) o[c] = _mm512_setzero_ps();
+  float sum = 0.f;
+  if (mx != -std::numeric_limits<float>::infinity()) {
+    for (int64_t l = 0; l < L; ++l) {
+      if (scores[l] == -std::numeric_limits<float>::infinity()) continue;
+      const float p = std::exp(scores[l] - mx);
+      sum += p;
+      const __m512 pv = _mm512_set1_ps(p);
+      const T* vr = v + l * ks;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
+        o[c] = _mm512_fmadd_ps(pv, load_row16(vr + c * 16, m), o[c]);
+      }
+    }
+  }
+  const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);  // a row that keeps nothing gives zeros
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n = std::min<int64_t>(16, D - c * 16);
+    store16(out + c * 16, _mm512_mul_ps(o[c], inv), (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // Dispatch on M (1..8) at compile time.
 
 template <template <int> class F, typename... A>
@@ -339,6 +446,25 @@ void dispatch_m(int64_t m, A&&... args) {
 
 void check_2d(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous 2-D CPU tensor");
+}
+
+// ---- fp32_mm
+template <int M>
+struct Fp32 {
+  static void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t m0) {
+    const int64_t K = x.size(1), N = w.size(0);
+    fp32_run<M>(x.data_ptr<float>() + m0 * K, w.data_ptr<float>(), K, N, y.data_ptr<float>() + m0 * N);
+  }
+};
+
+at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& w) {
+  check_2d(x, "x");
+  check_2d(w, "w");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "fp32_mm: x and w must be fp32");
+  TORCH_CHECK(x.size(1) == w.size(1), "fp32_mm: x is [M, K], w is [N, K]");
+  auto y = at::empty({x.size(0), w.size(0)}, x.options());
+  for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM) dispatch_m<Fp32>(std::min(kMaxM, x.size(0) - m0), x, w, y, m0);
+  return y;
 }
 
 // ---- bf16_mm
@@ -561,23 +687,76 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return (yf.narrow(1, 0, n) * av).to(x.scalar_type());
 }
 
+// ---- decode_attention
+template <typename T>
+void decode_attention_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* keep,
+                            int64_t keep_b, int64_t keep_l, double scale, at::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = k.size(1), L = k.size(2);
+  const int64_t group = H / Hkv;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(L);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H, h = i % H, g = h / group;
+      attend_one<T>(qp + b * q.stride(0) + h * q.stride(1), kp + b * k.stride(0) + g * k.stride(1),
+                    vp + b * v.stride(0) + g * v.stride(1), L, D, k.stride(2), keep ? keep + b * keep_b : nullptr,
+                    keep_l, static_cast<float>(scale), scores.data(), op + (b * H + h) * D);
+    }
+  });
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const c10::optional<at::Tensor>& keep, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(2) == 1,
+              "decode_attention: q is [B, H, 1, D], k and v [B, Hkv, L, D]");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "decode_attention: CPU tensors");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && k.size(0) == q.size(0) &&
+                  k.size(3) == q.size(3) && q.size(1) % k.size(1) == 0,
+              "decode_attention: k and v must match, and q's heads be a multiple of theirs");
+  TORCH_CHECK(q.size(3) <= 256 && q.stride(3) == 1 && k.stride(3) == 1, "decode_attention: head dim ≤ 256, contiguous");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "decode_attention: q, k, v all fp32 or all bf16");
+  const bool* kp = nullptr;
+  int64_t kb = 0, kl = 0;
+  if (keep.has_value()) {
+    const auto& m = *keep;
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == q.size(0) && m.size(1) == k.size(2),
+                "decode_attention: keep must be bool [B, L]");
+    kp = m.data_ptr<bool>();
+    kb = m.stride(0);
+    kl = m.stride(1);
+  }
+  auto out = at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());  // [B, 1, H, D]
+  if (q.scalar_type() == at::kFloat) decode_attention_typed<float>(q, k, v, kp, kb, kl, scale, out);
+  else decode_attention_typed<at::BFloat16>(q, k, v, kp, kb, kl, scale, out);
+  return out;
+}
+
 }  // namespace
 
 #ifndef VK_NS
 #define VK_NS variantlab_kernels
 #endif
 TORCH_LIBRARY(VK_NS, m) {
+  m.def("fp32_mm(Tensor x, Tensor w) -> Tensor");
   m.def("bf16_mm(Tensor x, Tensor w) -> Tensor");
   m.def("int8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("int4_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
   m.def("w8a8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("w4a8_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? keep, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(VK_NS, CPU, m) {
+  m.impl("fp32_mm", &fp32_mm);
   m.impl("bf16_mm", &bf16_mm);
   m.impl("int8_mm", &int8_mm);
   m.impl("int4_mm", &int4_mm);
   m.impl("w8a8_mm", &w8a8_mm);
   m.impl("w4a8_mm", &w4a8_mm);
+  m.impl("decode_attention", &decode_attention);
 }

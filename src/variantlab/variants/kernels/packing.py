@@ -2,7 +2,7 @@
 
 The kernels (gemv_avx512.cpp) read:
 
-- bf16_mm, int8_mm, w8a8_mm: the tensors the modules already hold (nn.Linear's bf16 weight [N, K];
+- fp32_mm, bf16_mm, int8_mm, w8a8_mm: the tensors the modules already hold (nn.Linear's bf16 weight [N, K];
   int8 q [N, K] with scales [N], quant_packing's per-channel format). No packing.
 - int4_mm: `pack_int4_bf16(q)`: N padded to a multiple of 16 with zero rows, then per block of 16
   rows, per 4 input columns, 32 bytes: byte 2i = q[i, 4c] | q[i, 4c+2] << 4,
@@ -88,6 +88,10 @@ def unpack_scales_zeros(sz: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.T
 
 def _out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (x.float() @ w.float().t()).to(x.dtype)
+
+
+def fp32_mm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _out(x, w)
 
 
 def bf16_mm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""Our decode kernels (variants/kernels) under a built or loaded variant, and what its facts say of them.
+
+`with_decode_kernels(model, facts)` runs at the end of `variants.build.build` and of
+`artifact.load_artifact`, so every measured variant, `variantlab build` and the peer benchmark take
+the same path. Where our kernels run (an AVX-512 BF16 + VNNI CPU with a C++ compiler):
+- plain fp32/bf16 linears become KernelLinear (variants/kernel_linear.py: ours at ≤ 8 rows);
+- SDPA attention becomes ours at one query position (variants/kernel_attention.py);
+- the quantized modules (variants/quant_linear.py) pick ours per call on their own, and W4A8 holds
+  the layout its kernel reads (chosen when it is built or loaded).
+
+The facts get one label per kernel of ours that the model calls, and lose any an artifact brought
+from the machine that built it. Where ours cannot run, nothing changes and a note says why: the
+figures then describe aten.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from . import kernels as vk
+from .kernel_attention import LABEL as ATTENTION_LABEL
+from .kernel_attention import use_decode_attention
+from .kernel_linear import FLOAT_OPS, KernelLinear, swap_linears
+
+SUFFIX = " (AVX-512)"
+
+
+def use_decode_kernels(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Put our kernels under the model, in place; (kernel labels, notes). Nothing for a model off the CPU."""
+    if not any(p.device.type == "cpu" for p in model.parameters()):
+        return (), ()
+    st = vk.status()
+    if not st.available:
+        return (), (st.reason,)
+    swap_linears(model)
+    return decode_kernel_labels(model) + use_decode_attention(model), ()
+
+
+def with_decode_kernels(model: nn.Module, facts):
+    """`use_decode_kernels` on a built or loaded variant; its facts with this machine's labels and notes
+    and the resident bytes that result."""
+    from .quant_linear import W4A8
+    from .recipe import resident_bytes
+
+    labels, notes = use_decode_kernels(model)
+    # W4A8's layout is this machine's choice (made at load): its label and note are read from the modules
+    w4a8 = [m for m in model.modules() if isinstance(m, W4A8) and m.path == "kernel"]
+    stale = {W4A8.OURS_LABEL, W4A8.GROUP_MAJOR_LABEL, W4A8.GROUP_MAJOR_NOTE} if w4a8 else set()
+    kernels = tuple(dict.fromkeys(m.kernel for m in w4a8)) + tuple(
+        k for k in facts.kernels if not is_decode_label(k) and k not in stale)
+    notes = tuple(n for n in facts.notes if not is_decode_label(n) and n not in stale) + tuple(
+        dict.fromkeys(n for m in w4a8 for n in m.notes if n in stale)) + notes
+    return dataclasses.replace(facts, kernels=kernels + labels, notes=notes,
+                               extra={**facts.extra, "resident_bytes": resident_bytes(model)})
+
+
+def is_decode_label(text: str) -> bool:
+    """A label or note `use_decode_kernels` wrote (so a reloaded artifact can replace its build machine's)."""
+    return ((text.startswith("variantlab ") and text.endswith(SUFFIX)) or text.startswith("our AVX-512 kernels")
+            or text == ATTENTION_LABEL)
+
+
+def decode_kernel_labels(model: nn.Module) -> tuple[str, ...]:
+    """Which of our linear kernels the model's layers call at decode, one label each (empty where none)."""
+    from .quant_linear import QuantLinear
+
+    if not vk.available():
+        return ()
+    labels: list[str] = []
+    for module in model.modules():
+        if isinstance(module, KernelLinear):
+            label = f"{FLOAT_OPS[module.weight.dtype]} at ≤ {vk.MAX_ROWS} rows"
+        elif isinstance(module, QuantLinear):
+            label = module.ours()
+        else:
+            continue
+        if label and f"variantlab {label}{SUFFIX}" not in labels:
+            labels.append(f"variantlab {label}{SUFFIX}")
+    return tuple(labels)

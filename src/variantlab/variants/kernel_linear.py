@@ -1,0 +1,55 @@
+"""Our decode GEMV under a model's plain nn.Linear layers.
+
+On a CPU where our kernels run (variants/kernels: AVX-512 BF16 + VNNI, a C++ compiler),
+`swap_linears(model)` makes every nn.Linear whose weight is fp32 or bf16 a `KernelLinear`: the same
+module with the same parameters and state_dict (its class is swapped in place; nothing is copied),
+whose calls with at most `kernels.MAX_ROWS` activation rows (decode: one row per sequence) go to
+`fp32_mm` / `bf16_mm`, and whose larger calls (prefill, scoring) stay on aten::linear. Measured at M = 1 on the build machine (2 threads, cold
+weights; benchmarks/decode_kernels.py): aten's fp32 linear reads its weight at 17-22 GB/s and its
+bf16 linear at 18-20 GB/s; ours at 39-45 and 35-52.
+
+The quantized modules (variants/quant_linear.py) pick ours per call in the same way; they need no
+swap. variants/decode_kernels.py puts all of ours under a built or loaded variant.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import kernels as vk
+
+FLOAT_OPS = {torch.float32: "fp32_mm", torch.bfloat16: "bf16_mm"}
+
+
+def rows_for_ours(x: torch.Tensor) -> bool:
+    """Whether a call with activations x [..., K] is decode-shaped, on the CPU, with our kernels loaded."""
+    return x.device.type == "cpu" and x.numel() <= vk.MAX_ROWS * x.shape[-1] and vk.available()
+
+
+class KernelLinear(nn.Linear):
+    """An nn.Linear whose decode-shaped calls run our fp32/bf16 GEMV (module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.dtype != w.dtype or w.dtype not in FLOAT_OPS or not rows_for_ours(x):
+            return F.linear(x, w, self.bias)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        y = vk.fp32_mm(x2, w) if w.dtype == torch.float32 else vk.bf16_mm(x2, w)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+
+def plain_class(module: nn.Module) -> type:
+    """The module's class as a checkpoint knows it: nn.Linear for a KernelLinear (same state, same maths)."""
+    return nn.Linear if isinstance(module, KernelLinear) else type(module)
+
+
+def swap_linears(model: nn.Module) -> None:
+    """Make the model's fp32/bf16 CPU nn.Linear layers KernelLinear, in place (our kernels must run here)."""
+    for module in model.modules():
+        if (type(module) is nn.Linear and module.weight.device.type == "cpu"
+                and module.weight.dtype in FLOAT_OPS and module.weight.is_contiguous()):
+            module.__class__ = KernelLinear

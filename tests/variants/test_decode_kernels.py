@@ -1,0 +1,128 @@
+"""Our decode kernels under a built variant (variants/kernel_linear.py): which layers take them, that
+decode-shaped calls use them and larger ones stay on aten, and what the facts say."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILIES, switch_off_our_kernels
+import torch.nn.functional as F
+from torch import nn
+
+from variantlab.variants import kernels as vk
+from variantlab.variants.build import VariantDefinition, build
+from variantlab.variants.decode_kernels import use_decode_kernels
+from variantlab.variants.kernel_linear import KernelLinear, plain_class
+
+pytestmark = pytest.mark.model
+
+
+def _calls(monkeypatch, name):
+    """Count calls of one of our ops (variants.kernels.<name>)."""
+    seen = []
+    real = getattr(vk, name)
+    monkeypatch.setattr(vk, name, lambda *a: seen.append(a[0].shape) or real(*a))
+    return seen
+
+
+@pytest.mark.parametrize("dtype,op", [(torch.float32, "fp32_mm"), (torch.bfloat16, "bf16_mm")])
+def test_decode_rows_take_our_gemv_and_prefill_stays_on_aten(our_kernels, monkeypatch, dtype, op):
+    torch.manual_seed(0)
+    layer = nn.Linear(96, 40).to(dtype)
+    plain = nn.Linear(96, 40).to(dtype)
+    plain.load_state_dict(layer.state_dict())
+    model = nn.Sequential(layer)
+    use_decode_kernels(model)
+    assert type(model[0]) is KernelLinear and plain_class(model[0]) is nn.Linear
+    assert model[0].state_dict().keys() == plain.state_dict().keys()
+    seen = _calls(monkeypatch, op)
+    x = torch.randn(2, 3, 96).to(dtype)                  # 6 rows: ours
+    y, ref = model(x), F.linear(x.float(), plain.weight.float(), plain.bias.float())
+    assert seen == [(6, 96)] and y.shape == (2, 3, 40) and y.dtype == dtype
+    assert ((y.float() - ref).abs().max() / ref.abs().max()).item() < (1e-5 if dtype == torch.float32 else 1e-2)
+    x = torch.randn(9, 96).to(dtype)                     # 9 rows: aten, exactly
+    assert torch.equal(model(x), plain(x)) and len(seen) == 1
+
+
+def test_a_variant_says_which_of_our_kernels_it_runs(our_kernels, tiny_model_dir):
+    expected = {"fp32": ["fp32_mm"], "bf16": ["bf16_mm"], "int8": ["int8_mm", "bf16_mm"],
+                "w8a8": ["w8a8_mm", "bf16_mm"], "w4a8": ["w4a8_mm", "bf16_mm"], "int4": ["bf16_mm"]}
+    for recipe, ops in expected.items():
+        facts = build(tiny_model_dir, VariantDefinition(recipe, recipe, {"group_size": 32} if "4" in recipe else {}),
+                      "cpu").facts
+        ours = [k for k in facts.kernels if k.startswith("variantlab ")]
+        assert [next(op for op in ops + ["decode_attention"] if op in k) for k in ours] == ops + ["decode_attention"]
+
+
+def test_without_our_kernels_nothing_changes_and_the_facts_say_why(aten_only, tiny_model_dir):
+    built = build(tiny_model_dir, VariantDefinition("bf16", "bf16", {}), "cpu")
+    assert not any(isinstance(m, KernelLinear) for m in built.model.modules())
+    assert not any(k.startswith("variantlab ") for k in built.facts.kernels)
+    assert any("switched off for this test; aten runs instead" in n for n in built.facts.notes)
+
+
+def test_an_artifact_gets_this_machines_kernels_when_loaded(our_kernels, tiny_model_dir, tmp_path, monkeypatch):
+    """Built without our kernels (as on another machine), loaded where they run: the labels and notes
+    are this machine's, not the builder's."""
+    from variantlab.variants.build import load, save
+    with pytest.MonkeyPatch.context() as mp:
+        switch_off_our_kernels(mp)
+        built = build(tiny_model_dir, VariantDefinition("w4a8", "w4a8", {"group_size": 32}), "cpu")
+        save(built, tiny_model_dir, tmp_path / "a")
+    loaded = load(tmp_path / "a")
+    assert any("w4a8_mm" in k for k in loaded.facts.kernels)
+    assert not any("aten runs instead" in n for n in loaded.facts.notes)
+    assert loaded.facts.extra["resident_bytes"] < built.facts.extra["resident_bytes"]   # int4 stays packed
+
+
+def _decode_logits(model, vocab: int, steps: int = 3) -> torch.Tensor:
+    """Logits of `steps` one-token decode steps after a 9-token prefill, on fixed tokens (teacher-forced,
+    so both sides compute the same positions whatever they would pick)."""
+    from transformers import DynamicCache
+    ids = torch.randint(3, vocab, (1, 9 + steps), generator=torch.Generator().manual_seed(0))
+    cache, out = DynamicCache(), []
+    with torch.inference_mode():
+        model(input_ids=ids[:, :9], past_key_values=cache, use_cache=True)
+        for t in range(9, 9 + steps):
+            out.append(model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits.float())
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("recipe", ["fp32", "bf16", "int8", "w8a8", "w4a8"])
+@pytest.mark.parametrize("family", ("llama",) + FAMILIES)
+def test_ours_computes_what_aten_computes_on_every_family(our_kernels, tiny_model_dir, family_dirs, family, recipe):
+    """Decode logits (our GEMV, int8/int4 matmuls and decode attention) against aten's, per family."""
+    definition = VariantDefinition(recipe, recipe, {"group_size": 32} if recipe == "w4a8" else {})
+    source = tiny_model_dir if family == "llama" else family_dirs[family]
+    with pytest.MonkeyPatch.context() as mp:
+        switch_off_our_kernels(mp)
+        ref = build(source, definition, "cpu").model
+        want = _decode_logits(ref, ref.config.vocab_size)
+    model = build(source, definition, "cpu").model
+    got = _decode_logits(model, model.config.vocab_size)
+    rel = ((got - want).abs().max() / want.abs().max()).item()
+    # fp32: summation order only (measured ≤ 7e-7). bf16 activations round each layer's outputs
+    # (2^-8), and per-token int8 activations can round one step apart: measured ≤ 1.2% and ≤ 3.5%.
+    assert rel < {"fp32": 1e-5, "bf16": 0.03, "int8": 0.03}.get(recipe, 0.07)
+
+
+def test_in_fp32_the_engine_with_ours_decodes_what_it_decodes_with_aten(our_kernels, tiny_model_dir):
+    """fp32 differs from aten by summation order only: the same greedy tokens, batched and alone."""
+    from variantlab.backends.base import GenerationRequest, run_requests
+    from variantlab.backends.torch_engine import TorchEngine
+
+    prompts = ["Q: hi\nA:", "a: 1\nQ: What is the a?\nA:", "order_id: ORD-5493\nstatus: pending\nQ: status?\nA:"]
+
+    def tokens(engine, group):
+        reqs = [GenerationRequest(f"r{i}", prompt=p, max_new_tokens=12, stop_on_eos=False) for i, p in enumerate(group)]
+        return [r.token_ids for r in run_requests(engine, reqs)]
+
+    definition = VariantDefinition("fp32", "fp32", {})
+    with pytest.MonkeyPatch.context() as mp:
+        switch_off_our_kernels(mp)
+        ref = build(tiny_model_dir, definition, "cpu")
+        engine = TorchEngine(ref.model, ref.tokenizer, "cpu")
+        want = tokens(engine, prompts), [tokens(engine, [p]) for p in prompts]
+    ours = build(tiny_model_dir, definition, "cpu")
+    assert any("decode_attention" in k for k in ours.facts.kernels)
+    engine = TorchEngine(ours.model, ours.tokenizer, "cpu")
+    assert (tokens(engine, prompts), [tokens(engine, [p]) for p in prompts]) == want
