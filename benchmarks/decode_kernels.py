@@ -10,7 +10,7 @@ Formats and options (the baseline, aten's current kernel, first):
 
 | format | aten today (variants/quant_linear.py)     | alternatives                                     |
 |--------|-------------------------------------------|--------------------------------------------------|
-| fp32   | aten linear (reference line only)         |                                                  |
+| fp32   | aten linear                               | ours fp32_mm                                     |
 | bf16   | aten linear                               | ours bf16_mm                                     |
 | int8   | aten::_weight_int8pack_mm (W8A16)         | ours int8_mm; inductor; torchao                  |
 | int4   | aten::_weight_int4pack_mm_for_cpu (W4A16) | ours int4_mm; inductor; torchao                  |
@@ -92,6 +92,10 @@ def _first_call_s(fn, state, k: int, m: int, dtype) -> float:
 
 def fp32_aten(w, gs, m):
     return _plain(F.linear, w.contiguous())
+
+
+def fp32_ours(w, gs, m):
+    return _plain(vk.fp32_mm, w.contiguous())
 
 
 def bf16_aten(w, gs, m):
@@ -194,9 +198,14 @@ def w8a8_ours(w, gs, m):
 
 
 def w4a8_module(w, gs, m):
+    """The W4A8 module as it runs without our kernels: int4 unpacked to int8, one torch._int_mm per group."""
     lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
     lin.weight.data = w
-    mod = ql.W4A8(lin, BF16, "kernel", gs)
+    saved, vk._status = vk.status(), vk.KernelStatus(False, "the group-major layout, for comparison")
+    try:
+        mod = ql.W4A8(lin, BF16, "kernel", gs)
+    finally:
+        vk._status = saved
     return Built(lambda x, mod: mod._mm(x), (mod,), _nbytes(*mod.buffers()))
 
 
@@ -210,7 +219,8 @@ def options(fmts: list[str], inductor: bool, torchao: bool) -> list[Option]:
     """The first option of each format is its baseline (aten's kernel today)."""
     ours = vk.available()
     table = {
-        "fp32": [Option("fp32", "aten linear fp32", fp32_aten, torch.float32)],
+        "fp32": [Option("fp32", "aten linear fp32", fp32_aten, torch.float32)]
+        + ([Option("fp32", "ours fp32_mm", fp32_ours, torch.float32)] if ours else []),
         "bf16": [Option("bf16", "aten linear", bf16_aten)] + ([Option("bf16", "ours bf16_mm", bf16_ours)] if ours else []),
         "int8": [Option("int8", "aten _weight_int8pack_mm", int8_aten)]
         + ([Option("int8", "ours int8_mm", int8_ours)] if ours else [])

@@ -3,8 +3,8 @@
 On a CPU where our kernels run (variants/kernels: AVX-512 BF16 + VNNI, a C++ compiler),
 `swap_linears(model)` makes every nn.Linear whose weight is fp32 or bf16 a `KernelLinear`: the same
 module with the same parameters and state_dict (its class is swapped in place; nothing is copied),
-whose calls with at most `kernels.MAX_ROWS` activation rows (decode: one row per sequence) go to
-`fp32_mm` / `bf16_mm`, and whose larger calls (prefill, scoring) stay on aten::linear. Measured at M = 1 on the build machine (2 threads, cold
+whose calls with few activation rows (decode: one row per sequence; up to where ours beats aten,
+`kernels.OURS_UP_TO`: 8 for fp32, 4 for bf16) go to `fp32_mm` / `bf16_mm`, and whose larger calls (prefill, scoring) stay on aten::linear. Measured at M = 1 on the build machine (2 threads, cold
 weights; benchmarks/decode_kernels.py): aten's fp32 linear reads its weight at 17-22 GB/s and its
 bf16 linear at 18-20 GB/s; ours at 39-45 and 35-52.
 
@@ -22,9 +22,10 @@ from . import kernels as vk
 FLOAT_OPS = {torch.float32: "fp32_mm", torch.bfloat16: "bf16_mm"}
 
 
-def rows_for_ours(x: torch.Tensor) -> bool:
-    """Whether a call with activations x [..., K] is decode-shaped, on the CPU, with our kernels loaded."""
-    return x.device.type == "cpu" and x.numel() <= vk.MAX_ROWS * x.shape[-1] and vk.available()
+def rows_for_ours(op: str, x: torch.Tensor) -> bool:
+    """Whether a call with activations x [..., K] has few enough rows for our `op`, on the CPU, with our
+    kernels loaded."""
+    return x.device.type == "cpu" and x.numel() <= vk.OURS_UP_TO[op] * x.shape[-1] and vk.available()
 
 
 class KernelLinear(nn.Linear):
@@ -32,7 +33,7 @@ class KernelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if x.dtype != w.dtype or w.dtype not in FLOAT_OPS or not rows_for_ours(x):
+        if x.dtype != w.dtype or w.dtype not in FLOAT_OPS or not rows_for_ours(FLOAT_OPS[w.dtype], x):
             return F.linear(x, w, self.bias)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()

@@ -14,7 +14,7 @@ name suggests (a fallback, padding, an unpacked layout).
 
 | module            | CPU kernel path                                   | CUDA kernel path (untested here)      |
 |-------------------|---------------------------------------------------|---------------------------------------|
-| Int8WeightOnly    | ours int8_mm at M ≤ 8, else                       | int8→dtype cast + aten::mm            |
+| Int8WeightOnly    | ours int8_mm at M = 1, else                       | int8→dtype cast + aten::mm            |
 |                   | aten::_weight_int8pack_mm(x, q[N,K], s[N])        |                                       |
 | Int4WeightOnly    | aten::_weight_int4pack_mm_for_cpu                 | aten::_weight_int4pack_mm (bf16 only) |
 | W8A8              | ours w8a8_mm at M ≤ 8, else per-token int8 quant  | same as CPU's else; M padded to 32    |
@@ -86,9 +86,15 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(a, b)
 
 
-def _decode_rows(x: torch.Tensor) -> bool:
-    """x [M, K] is decode-shaped (M ≤ kernels.MAX_ROWS), on the CPU, and our kernels run here."""
-    return x.shape[0] <= vk.MAX_ROWS and x.device.type == "cpu" and vk.available()
+def _ours_for(op: str, x: torch.Tensor) -> bool:
+    """x [M, K] has few enough rows for our `op` to beat aten's (kernels.OURS_UP_TO), on the CPU, and
+    our kernels run here."""
+    return x.shape[0] <= vk.OURS_UP_TO[op] and x.device.type == "cpu" and vk.available()
+
+
+def _rows_label(op: str) -> str:
+    n = vk.OURS_UP_TO[op]
+    return f"{op} at {'1 row' if n == 1 else f'≤ {n} rows'}"
 
 
 def as_linear(layer: nn.Module) -> nn.Module:
@@ -291,11 +297,11 @@ class Int8WeightOnly(QuantLinear):
                           f"weight is cast to {name} on every call (dequantization overhead)",)
 
     def ours(self):
-        return f"int8_mm at ≤ {vk.MAX_ROWS} rows" if self.path == "kernel" and self.device_type == "cpu" else None
+        return _rows_label("int8_mm") if self.path == "kernel" and self.device_type == "cpu" else None
 
     def _mm(self, x):
         if self.device_type == "cpu":
-            if _decode_rows(x):
+            if _ours_for("int8_mm", x):
                 return vk.int8_mm(x, self.qweight, self.scales)
             return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
         return F.linear(x, self.qweight.to(x.dtype)) * self.scales
@@ -318,10 +324,10 @@ class W8A8(QuantLinear):
             self.notes = ("w8a8 on cuda: torch._int_mm needs M > 16, so decode rows are zero-padded to 32",)
 
     def ours(self):
-        return f"w8a8_mm at ≤ {vk.MAX_ROWS} rows" if self.path == "kernel" and self.device_type == "cpu" else None
+        return _rows_label("w8a8_mm") if self.path == "kernel" and self.device_type == "cpu" else None
 
     def _mm(self, x):
-        if _decode_rows(x):
+        if _ours_for("w8a8_mm", x):
             return vk.w8a8_mm(x, self.qweight, self.scales)
         xq, a = qp.quantize_int8_per_token(x)
         acc = int_mm(xq, self.qweight.t())

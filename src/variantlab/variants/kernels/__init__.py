@@ -29,8 +29,16 @@ from .packing import pack_int4_bf16, pack_int4_vnni, pack_scales_zeros
 
 MAX_ROWS = 8  # the kernels' M; above it they loop over chunks of 8 rows, re-reading the weight
 
+# Up to how many activation rows each op beats aten's here, so that callers use it (measured with
+# benchmarks/decode_kernels.py, 2 threads, cold weights, at 768x768, 768x2048, 2048x768 and 4096²):
+# fp32_mm 1.2-5.3x at every M ≤ 8; bf16_mm 1.3-3x up to M = 4, 0.7-0.87x at 6-8 with K ≥ 2048;
+# int8_mm 1.0-1.19x at M = 1, 0.74-0.89x at M = 2-4 with K ≥ 2048; w8a8_mm 1.2-2.75x at every
+# M ≤ 8; w4a8_mm 3-14x at every M, so its caller uses it at any size.
+OURS_UP_TO = {"fp32_mm": 8, "bf16_mm": 4, "int8_mm": 1, "w8a8_mm": 8}
+
 __all__ = ["KernelStatus", "status", "available", "fp32_mm", "bf16_mm", "int8_mm", "int4_mm", "w8a8_mm", "w4a8_mm",
-           "decode_attention", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros", "MAX_ROWS"]
+           "decode_attention", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros", "MAX_ROWS",
+           "OURS_UP_TO"]
 
 
 _status: KernelStatus | None = None   # a plain global, not functools.cache: torch.compile traces reads of it
