@@ -35,8 +35,8 @@ def test_decode_rows_take_our_gemv_and_prefill_stays_on_aten(our_kernels, monkey
     assert type(model[0]) is KernelLinear and plain_class(model[0]) is nn.Linear
     assert model[0].state_dict().keys() == plain.state_dict().keys()
     seen = _calls(monkeypatch, op)
-    rows = vk.OURS_UP_TO[op]
-    x = torch.randn(1, rows, 96).to(dtype)               # as many rows as ours is used for
+    rows = vk.OURS_UP_TO[op][1]                          # K = 96: as many rows as ours is used for
+    x = torch.randn(1, rows, 96).to(dtype)
     y, ref = model(x), F.linear(x.float(), plain.weight.float(), plain.bias.float())
     assert seen == [(rows, 96)] and y.shape == (1, rows, 40) and y.dtype == dtype
     assert ((y.float() - ref).abs().max() / ref.abs().max()).item() < (1e-5 if dtype == torch.float32 else 1e-2)

@@ -317,3 +317,18 @@ def test_an_architecture_variantlab_does_not_convert_is_refused_but_sdpa_passes(
         assert "BloomForCausalLM" in e.value.detail and "Phi3ForCausalLM" in e.value.detail
         assert "\n" not in str(e.value)
     check_attention_for(config, "sdpa")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_attention_error_is_measured_through_each_familys_own_projections(family_models, family):
+    """Fused projections (Phi-3's qkv_proj, GPT-2's c_attn, GPT-NeoX's per-head query_key_value) are
+    filled in the layout each forward splits: fp32 attention then errs by rounding only (a wrong split
+    would mix q, k and v, or heads, and still run), for the model's own attention and a converted one."""
+    from variantlab.variants.attention_stability import model_attention_error
+    base, _ = family_models[family]
+    for spec in ("sdpa", "sliding:3") if family != "gemma2" else ("sliding:3",):
+        model = copy.deepcopy(base)
+        apply_attention(model, spec)
+        rows = model_attention_error(model, (16, 40))
+        assert [r.status for r in rows] == ["ok", "ok"], (spec, rows)
+        assert all(r.rel_error < 1e-5 for r in rows), (spec, rows)

@@ -14,7 +14,8 @@ attention_module.py, its linear/sliding cache layer and kernel), with the projec
    records what its forward receives — the attention mask (or None, for is_causal), the rotary
    cos/sin, the position ids and any other keyword — then stops the model there (the embeddings,
    rotary table, mask and first input norm run; no attention or MLP does);
-2. the projections: a shallow copy of the module gets q/k/v projections that return fixed random
+2. the projections: a shallow copy of the module gets q/k/v projections (or the fused one of Phi-3,
+   GPT-2 or GPT-NeoX, filled in the layout its forward splits) that return fixed random
    q, k, v (unit normal, a fixed seed, the module's head counts and head_dim; drawn in float64 and
    rounded to the model's dtype, as a model in that dtype would have them; the reference gets the
    same rounded values, so only the attention's own arithmetic is counted) and an identity o_proj,
@@ -159,7 +160,14 @@ def attention_stability(variants: Sequence[StabilityVariant] | None = None,
 
 # ---------------------------------------------------------------------------------- the model's own path
 
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# How a family's attention module holds its projections: (layout, input projections, output projection).
+# "separate": q, k, v each; "concat": one projection whose output is [q | k | v] along the features
+# (Phi-3's qkv_proj, GPT-2's c_attn); "per_head": one whose output is, per head, [q_h | k_h | v_h]
+# (GPT-NeoX's query_key_value).
+_LAYOUTS = (("separate", ("q_proj", "k_proj", "v_proj"), "o_proj"),
+            ("concat", ("qkv_proj",), "o_proj"),
+            ("concat", ("c_attn",), "c_proj"),
+            ("per_head", ("query_key_value",), "dense"))
 
 
 def _status(out, ref, threshold: float, held_finite: bool, heads: int) -> tuple[float, str]:
@@ -177,13 +185,18 @@ def _status(out, ref, threshold: float, held_finite: bool, heads: int) -> tuple[
     return err, "flagged" if err > threshold else "ok"
 
 
+def _layout(module):
+    """The entry of _LAYOUTS whose projections `module` holds, or None."""
+    return next((entry for entry in _LAYOUTS if all(n in module._modules for n in (*entry[1], entry[2]))), None)
+
+
 def attention_module(model):
-    """The first attention module with q/k/v/o projections (the first decoder layer's self-attention)."""
+    """The first attention module with projections of a known layout (the first decoder layer's self-attention)."""
     for m in model.modules():
-        if all(name in m._modules for name in _PROJECTIONS):
+        if _layout(m) is not None:
             return m
-    raise ValueError(f"{type(model).__name__} has no attention module with {', '.join(_PROJECTIONS)}: "
-                     "model_attention_error measures Llama/Mistral/Qwen2-style attention")
+    known = "; ".join(f"{', '.join(inputs)} and {out}" for _, inputs, out in _LAYOUTS)
+    raise ValueError(f"{type(model).__name__} has no attention module with projections of a known layout ({known})")
 
 
 def describe(module) -> str:
@@ -249,21 +262,31 @@ def _heads(model, module) -> tuple[int, int, int]:
     """(query heads, key/value heads, head_dim) the module's forward works with."""
     cfg = getattr(module, "config", None) or model.config
     heads = cfg.num_attention_heads
-    return heads, heads // getattr(module, "num_key_value_groups", 1), module.head_dim
+    head_dim = getattr(module, "head_dim", None) or module.head_size   # GPT-NeoX calls it head_size
+    return heads, heads // getattr(module, "num_key_value_groups", 1), head_dim
 
 
 def _twin(module, q, k, v, reference: bool):
-    """A shallow copy of `module` whose projections return q, k, v (B, H|Hkv, T, D) and whose o_proj is the
-    identity; the module itself is untouched."""
+    """A shallow copy of `module` whose projections return q, k, v (B, H|Hkv, T, D), in the layout its
+    forward splits (_LAYOUTS), and whose output projection is the identity; the module is untouched."""
     import copy
 
+    import torch
     from torch import nn
 
     twin = copy.copy(module)
     twin._modules = dict(module._modules)
-    for name, x in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
-        setattr(twin, name, _fixed_type()(x.transpose(1, 2).flatten(2)))
-    twin.o_proj = nn.Identity()
+    kind, inputs, output = _layout(module)
+    rows = [x.transpose(1, 2) for x in (q, k, v)]                       # (B, T, H|Hkv, D) each
+    if kind == "separate":
+        fixed = [r.flatten(2) for r in rows]
+    elif kind == "concat":
+        fixed = [torch.cat([r.flatten(2) for r in rows], dim=-1)]
+    else:                                                               # per head: [q_h | k_h | v_h]
+        fixed = [torch.cat(rows, dim=-1).flatten(2)]
+    for name, x in zip(inputs, fixed):
+        setattr(twin, name, _fixed_type()(x))
+    setattr(twin, output, nn.Identity())
     runtime = getattr(module, "variantlab_runtime", None)
     if reference and runtime is not None and getattr(runtime, "acc_dtype", None) is not None:
         twin.variantlab_runtime = dataclasses.replace(runtime, acc_dtype=None)  # accumulate in the inputs' float64
@@ -298,7 +321,9 @@ def _run(module, args, kwargs, q, k, v, dtype, reference: bool = False):
     if kwargs.get("position_embeddings") is not None:
         kwargs["position_embeddings"] = tuple(x.to(dtype) for x in kwargs["position_embeddings"])
     cache = DynamicCache()
-    kwargs["past_key_values"] = cache
+    names = [n for n in ("past_key_values", "layer_past", "past_key_value") if n in kwargs]   # NeoX: layer_past
+    for name in names or ["past_key_values"]:
+        kwargs[name] = cache
     twin = _twin(module, q.to(dtype), k.to(dtype), v.to(dtype), reference)
     out = twin(*args, **kwargs)
     out = out[0] if isinstance(out, tuple) else out

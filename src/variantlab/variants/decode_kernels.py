@@ -3,7 +3,7 @@
 `with_decode_kernels(model, facts)` runs at the end of `variants.build.build` and of
 `artifact.load_artifact`, so every measured variant, `variantlab build` and the peer benchmark take
 the same path. Where our kernels run (an AVX-512 BF16 + VNNI CPU with a C++ compiler):
-- plain fp32/bf16 linears become KernelLinear (variants/kernel_linear.py: ours at ≤ 8 / ≤ 4 rows);
+- plain fp32/bf16 linears become KernelLinear (variants/kernel_linear.py: ours at decode shapes);
 - SDPA attention becomes ours at one query position (variants/kernel_attention.py);
 - the quantized modules (variants/quant_linear.py) pick ours per call on their own, and W4A8 holds
   the layout its kernel reads (chosen when it is built or loaded).
@@ -70,8 +70,7 @@ def decode_kernel_labels(model: nn.Module) -> tuple[str, ...]:
     labels: list[str] = []
     for module in model.modules():
         if isinstance(module, KernelLinear):
-            op = FLOAT_OPS[module.weight.dtype]
-            label = f"{op} at ≤ {vk.OURS_UP_TO[op]} rows"
+            label = vk.rows_label(FLOAT_OPS[module.weight.dtype])
         elif isinstance(module, QuantLinear):
             label = module.ours()
         else:

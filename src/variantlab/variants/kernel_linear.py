@@ -4,9 +4,10 @@ On a CPU where our kernels run (variants/kernels: AVX-512 BF16 + VNNI, a C++ com
 `swap_linears(model)` makes every nn.Linear whose weight is fp32 or bf16 a `KernelLinear`: the same
 module with the same parameters and state_dict (its class is swapped in place; nothing is copied),
 whose calls with few activation rows (decode: one row per sequence; up to where ours beats aten,
-`kernels.OURS_UP_TO`: 8 for fp32, 4 for bf16) go to `fp32_mm` / `bf16_mm`, and whose larger calls (prefill, scoring) stay on aten::linear. Measured at M = 1 on the build machine (2 threads, cold
-weights; benchmarks/decode_kernels.py): aten's fp32 linear reads its weight at 17-22 GB/s and its
-bf16 linear at 18-20 GB/s; ours at 39-45 and 35-52.
+`kernels.OURS_UP_TO`: 8 for fp32, 4 for bf16 or 8 with K ≤ 1024) go to `fp32_mm` / `bf16_mm`, and
+whose larger calls (prefill, scoring) stay on aten::linear. Measured at M = 1 on the build machine
+(2 threads, cold weights; benchmarks/decode_kernels.py): aten's fp32 linear reads its weight at
+16-22 GB/s and its bf16 linear at 18-20 GB/s; ours at 39-45 and 35-52.
 
 The quantized modules (variants/quant_linear.py) pick ours per call in the same way; they need no
 swap. variants/decode_kernels.py puts all of ours under a built or loaded variant.
@@ -25,7 +26,8 @@ FLOAT_OPS = {torch.float32: "fp32_mm", torch.bfloat16: "bf16_mm"}
 def rows_for_ours(op: str, x: torch.Tensor) -> bool:
     """Whether a call with activations x [..., K] has few enough rows for our `op`, on the CPU, with our
     kernels loaded."""
-    return x.device.type == "cpu" and x.numel() <= vk.OURS_UP_TO[op] * x.shape[-1] and vk.available()
+    k = x.shape[-1]
+    return x.device.type == "cpu" and vk.ours_beats_aten(op, x.numel() // max(k, 1), k) and vk.available()
 
 
 class KernelLinear(nn.Linear):

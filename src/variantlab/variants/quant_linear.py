@@ -14,7 +14,7 @@ name suggests (a fallback, padding, an unpacked layout).
 
 | module            | CPU kernel path                                   | CUDA kernel path (untested here)      |
 |-------------------|---------------------------------------------------|---------------------------------------|
-| Int8WeightOnly    | ours int8_mm at M = 1, else                       | int8→dtype cast + aten::mm            |
+| Int8WeightOnly    | ours int8_mm at M = 1 (≤ 8 if K ≤ 1024), else     | int8→dtype cast + aten::mm            |
 |                   | aten::_weight_int8pack_mm(x, q[N,K], s[N])        |                                       |
 | Int4WeightOnly    | aten::_weight_int4pack_mm_for_cpu                 | aten::_weight_int4pack_mm (bf16 only) |
 | W8A8              | ours w8a8_mm at M ≤ 8, else per-token int8 quant  | same as CPU's else; M padded to 32    |
@@ -89,12 +89,7 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _ours_for(op: str, x: torch.Tensor) -> bool:
     """x [M, K] has few enough rows for our `op` to beat aten's (kernels.OURS_UP_TO), on the CPU, and
     our kernels run here."""
-    return x.shape[0] <= vk.OURS_UP_TO[op] and x.device.type == "cpu" and vk.available()
-
-
-def _rows_label(op: str) -> str:
-    n = vk.OURS_UP_TO[op]
-    return f"{op} at {'1 row' if n == 1 else f'≤ {n} rows'}"
+    return x.device.type == "cpu" and vk.ours_beats_aten(op, x.shape[0], x.shape[1]) and vk.available()
 
 
 def as_linear(layer: nn.Module) -> nn.Module:
@@ -297,7 +292,7 @@ class Int8WeightOnly(QuantLinear):
                           f"weight is cast to {name} on every call (dequantization overhead)",)
 
     def ours(self):
-        return _rows_label("int8_mm") if self.path == "kernel" and self.device_type == "cpu" else None
+        return vk.rows_label("int8_mm") if self.path == "kernel" and self.device_type == "cpu" else None
 
     def _mm(self, x):
         if self.device_type == "cpu":
@@ -324,7 +319,7 @@ class W8A8(QuantLinear):
             self.notes = ("w8a8 on cuda: torch._int_mm needs M > 16, so decode rows are zero-padded to 32",)
 
     def ours(self):
-        return _rows_label("w8a8_mm") if self.path == "kernel" and self.device_type == "cpu" else None
+        return vk.rows_label("w8a8_mm") if self.path == "kernel" and self.device_type == "cpu" else None
 
     def _mm(self, x):
         if _ours_for("w8a8_mm", x):

@@ -29,16 +29,31 @@ from .packing import pack_int4_bf16, pack_int4_vnni, pack_scales_zeros
 
 MAX_ROWS = 8  # the kernels' M; above it they loop over chunks of 8 rows, re-reading the weight
 
-# Up to how many activation rows each op beats aten's here, so that callers use it (measured with
-# benchmarks/decode_kernels.py, 2 threads, cold weights, at 768x768, 768x2048, 2048x768 and 4096²):
-# fp32_mm 1.2-5.3x at every M ≤ 8; bf16_mm 1.3-3x up to M = 4, 0.7-0.87x at 6-8 with K ≥ 2048;
-# int8_mm 1.0-1.19x at M = 1, 0.74-0.89x at M = 2-4 with K ≥ 2048; w8a8_mm 1.2-2.75x at every
-# M ≤ 8; w4a8_mm 3-14x at every M, so its caller uses it at any size.
-OURS_UP_TO = {"fp32_mm": 8, "bf16_mm": 4, "int8_mm": 1, "w8a8_mm": 8}
+# Up to how many activation rows each op beats aten's here, at any K and with K ≤ SMALL_K, so that
+# callers use it (benchmarks/decode_kernels.py, 2 threads, cold weights, 768x768, 768x2048, 2048x768
+# and 4096²): fp32_mm 1.2-5.3x at every M ≤ 8; bf16_mm 1.3-3x up to M = 4, at M = 8 2.0-2.2x with
+# K = 768 but 0.70-0.85x with K ≥ 2048; int8_mm 1.0-1.19x at M = 1, at M = 2-8 1.13x with K = 768
+# but 0.74-0.89x with K ≥ 2048; w8a8_mm 1.2-2.75x at every M ≤ 8; w4a8_mm 3-14x at every M (its
+# caller uses it at any size).
+SMALL_K = 1024
+OURS_UP_TO = {"fp32_mm": (8, 8), "bf16_mm": (4, 8), "int8_mm": (1, 8), "w8a8_mm": (8, 8)}
+
+
+def ours_beats_aten(op: str, rows: int, k: int) -> bool:
+    """Whether `op` on `rows` activation rows of `k` features is faster than aten's here (OURS_UP_TO)."""
+    any_k, small_k = OURS_UP_TO[op]
+    return rows <= (small_k if k <= SMALL_K else any_k)
+
+
+def rows_label(op: str) -> str:
+    """Where the callers use `op`, in words: 'bf16_mm at ≤ 4 rows (≤ 8 with K ≤ 1024)'."""
+    any_k, small_k = OURS_UP_TO[op]
+    rows = "1 row" if any_k == 1 else f"≤ {any_k} rows"
+    return f"{op} at {rows}" + (f" (≤ {small_k} with K ≤ {SMALL_K})" if small_k != any_k else "")
 
 __all__ = ["KernelStatus", "status", "available", "fp32_mm", "bf16_mm", "int8_mm", "int4_mm", "w8a8_mm", "w4a8_mm",
            "decode_attention", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros", "MAX_ROWS",
-           "OURS_UP_TO"]
+           "OURS_UP_TO", "ours_beats_aten", "rows_label"]
 
 
 _status: KernelStatus | None = None   # a plain global, not functools.cache: torch.compile traces reads of it
