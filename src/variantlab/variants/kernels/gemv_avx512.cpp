@@ -79,93 +79,68 @@ inline void store16(T* p, __m512 v, __mmask16 mask) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// fp32 weights: as bf16_rows, 16 fp32 lanes a step, fused multiply-add.
+// Dense (fp32 or bf16) weights: R rows of W at a time against M rows of x; horizontal sums at the end
+// of each row. A traits type says how one step of K is loaded and multiplied.
 
-template <int M, int R>
-void fp32_rows(const float* x, const float* w, int64_t K, int64_t n, float* y, int64_t N) {
+struct Fp32Dense {  // 16 fp32 lanes a step, fused multiply-add
+  using E = float;
+  using V = __m512;
+  using Mask = __mmask16;
+  static constexpr int64_t kStep = 16;
+  static V load(const E* p) { return _mm512_loadu_ps(p); }
+  static V load(const E* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static __m512 dot(__m512 acc, V x, V w) { return _mm512_fmadd_ps(x, w, acc); }
+};
+
+struct Bf16Dense {  // 32 bf16 lanes a step, _mm512_dpbf16_ps (pairs multiplied, summed into fp32)
+  using E = uint16_t;
+  using V = __m512i;
+  using Mask = __mmask32;
+  static constexpr int64_t kStep = 32;
+  static V load(const E* p) { return _mm512_loadu_si512(p); }
+  static V load(const E* p, Mask m) { return _mm512_maskz_loadu_epi16(m, p); }
+  static __m512 dot(__m512 acc, V x, V w) { return _mm512_dpbf16_ps(acc, as_bh(x), as_bh(w)); }
+};
+
+template <typename D, int M, int R, typename T>
+void dense_rows(const typename D::E* x, const typename D::E* w, int64_t K, int64_t n, T* y, int64_t N) {
   __m512 acc[M][R];
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
-  const float* wr[R];
+  const typename D::E* wr[R];
   for (int r = 0; r < R; ++r) wr[r] = w + (n + r) * K;
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(wr[r] + k);
+  for (; k + D::kStep <= K; k += D::kStep) {
+    typename D::V wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = D::load(wr[r] + k);
     for (int m = 0; m < M; ++m) {
-      __m512 xv = _mm512_loadu_ps(x + m * K + k);
-      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+      const typename D::V xv = D::load(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = D::dot(acc[m][r], xv, wv[r]);
     }
   }
   if (k < K) {
-    const __mmask16 tail = (__mmask16)((1u << (K - k)) - 1);
-    __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(tail, wr[r] + k);
+    const auto tail = (typename D::Mask)((1ull << (K - k)) - 1);
+    typename D::V wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = D::load(wr[r] + k, tail);
     for (int m = 0; m < M; ++m) {
-      __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * K + k);
-      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
-    }
-  }
-  for (int m = 0; m < M; ++m)
-    for (int r = 0; r < R; ++r) y[m * N + n + r] = _mm512_reduce_add_ps(acc[m][r]);
-}
-
-template <int M>
-void fp32_run(const float* x, const float* w, int64_t K, int64_t N, float* y) {
-  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
-  const int64_t blocks = (N + R - 1) / R;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n = b * R;
-      if (n + R <= N) fp32_rows<M, R>(x, w, K, n, y, N);
-      else
-        for (int64_t r = n; r < N; ++r) fp32_rows<M, 1>(x, w, K, r, y, N);
-    }
-  });
-}
-
-// ------------------------------------------------------------------------------------------------
-// bf16 weights: R rows of W at a time against M rows of x; horizontal sums at the end of each row.
-
-template <int M, int R, typename T>
-void bf16_rows(const uint16_t* x, const uint16_t* w, int64_t K, int64_t n, T* y, int64_t N) {
-  __m512 acc[M][R];
-  for (int m = 0; m < M; ++m)
-    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
-  const uint16_t* wr[R];
-  for (int r = 0; r < R; ++r) wr[r] = w + (n + r) * K;
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    __m512i wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr[r] + k);
-    for (int m = 0; m < M; ++m) {
-      __m512i xv = _mm512_loadu_si512(x + m * K + k);
-      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], as_bh(xv), as_bh(wv[r]));
-    }
-  }
-  if (k < K) {
-    const __mmask32 tail = (__mmask32)((1ull << (K - k)) - 1);
-    __m512i wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(tail, wr[r] + k);
-    for (int m = 0; m < M; ++m) {
-      __m512i xv = _mm512_maskz_loadu_epi16(tail, x + m * K + k);
-      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], as_bh(xv), as_bh(wv[r]));
+      const typename D::V xv = D::load(x + m * K + k, tail);
+      for (int r = 0; r < R; ++r) acc[m][r] = D::dot(acc[m][r], xv, wv[r]);
     }
   }
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < R; ++r) store(y + m * N + n + r, _mm512_reduce_add_ps(acc[m][r]));
 }
 
-template <int M, typename T>
-void bf16_run(const uint16_t* x, const uint16_t* w, int64_t K, int64_t N, T* y) {
+template <typename D, int M, typename T>
+void dense_run(const typename D::E* x, const typename D::E* w, int64_t K, int64_t N, T* y) {
   constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
   const int64_t blocks = (N + R - 1) / R;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * R;
-      if (n + R <= N) bf16_rows<M, R>(x, w, K, n, y, N);
+      if (n + R <= N) dense_rows<D, M, R>(x, w, K, n, y, N);
       else
-        for (int64_t r = n; r < N; ++r) bf16_rows<M, 1>(x, w, K, r, y, N);
+        for (int64_t r = n; r < N; ++r) dense_rows<D, M, 1>(x, w, K, r, y, N);
     }
   });
 }
@@ -448,44 +423,40 @@ void check_2d(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous 2-D CPU tensor");
 }
 
-// ---- fp32_mm
-template <int M>
-struct Fp32 {
-  static void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t m0) {
-    const int64_t K = x.size(1), N = w.size(0);
-    fp32_run<M>(x.data_ptr<float>() + m0 * K, w.data_ptr<float>(), K, N, y.data_ptr<float>() + m0 * N);
-  }
+// ---- fp32_mm and bf16_mm: the dense path, with the tensor types of each
+
+template <typename D, typename T>
+struct Dense {
+  template <int M>
+  struct At {
+    static void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t m0) {
+      const int64_t K = x.size(1), N = w.size(0);
+      const auto* xp = reinterpret_cast<const typename D::E*>(x.data_ptr<T>());
+      dense_run<D, M>(xp + m0 * K, reinterpret_cast<const typename D::E*>(w.data_ptr<T>()), K, N,
+                      y.data_ptr<T>() + m0 * N);
+    }
+  };
 };
 
-at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& w) {
+template <typename D, typename T>
+at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, at::ScalarType dtype, const char* name,
+                    const char* dtype_name) {
   check_2d(x, "x");
   check_2d(w, "w");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "fp32_mm: x and w must be fp32");
-  TORCH_CHECK(x.size(1) == w.size(1), "fp32_mm: x is [M, K], w is [N, K]");
+  TORCH_CHECK(x.scalar_type() == dtype && w.scalar_type() == dtype, name, ": x and w must be ", dtype_name);
+  TORCH_CHECK(x.size(1) == w.size(1), name, ": x is [M, K], w is [N, K]");
   auto y = at::empty({x.size(0), w.size(0)}, x.options());
-  for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM) dispatch_m<Fp32>(std::min(kMaxM, x.size(0) - m0), x, w, y, m0);
+  for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM)
+    dispatch_m<Dense<D, T>::template At>(std::min(kMaxM, x.size(0) - m0), x, w, y, m0);
   return y;
 }
 
-// ---- bf16_mm
-
-template <int M>
-struct Bf16 {
-  static void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t m0) {
-    const int64_t K = x.size(1), N = w.size(0);
-    bf16_run<M>((const uint16_t*)x.data_ptr<at::BFloat16>() + m0 * K, (const uint16_t*)w.data_ptr<at::BFloat16>(),
-                K, N, y.data_ptr<at::BFloat16>() + m0 * N);
-  }
-};
+at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& w) {
+  return dense_mm<Fp32Dense, float>(x, w, at::kFloat, "fp32_mm", "fp32");
+}
 
 at::Tensor bf16_mm(const at::Tensor& x, const at::Tensor& w) {
-  check_2d(x, "x");
-  check_2d(w, "w");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16_mm: x and w must be bf16");
-  TORCH_CHECK(x.size(1) == w.size(1), "bf16_mm: x is [M, K], w is [N, K]");
-  auto y = at::empty({x.size(0), w.size(0)}, x.options());
-  for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM) dispatch_m<Bf16>(std::min(kMaxM, x.size(0) - m0), x, w, y, m0);
-  return y;
+  return dense_mm<Bf16Dense, at::BFloat16>(x, w, at::kBFloat16, "bf16_mm", "bf16");
 }
 
 // ---- int8_mm
