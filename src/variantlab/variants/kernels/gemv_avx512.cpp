@@ -495,29 +495,50 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   return y;
 }
 
-// ---- int4_mm and w4a8_mm share the block loop: rows of 16, split between threads.
-
-template <int M>
-struct Int4 {
-  template <typename S>
-  static void typed(const at::Tensor& packed, const at::Tensor& sz, const uint32_t* xp, const float* xs,
-                    int64_t K, int64_t G, int64_t gs, float* y, int64_t N16) {
-    const uint8_t* p = packed.data_ptr<uint8_t>();
-    const S* s = sz.data_ptr<S>();
-    at::parallel_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
-      alignas(64) float out[M * 16];
-      for (int64_t b = b0; b < b1; ++b) {
-        int4_block<M>(p + b * K * 8, s + b * G * 32, xp, xs, K, G, gs, out);
-        for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
-      }
-    });
-  }
-  static void run(const at::Tensor& packed, const at::Tensor& sz, const uint32_t* xp, const float* xs, int64_t K,
-                  int64_t G, int64_t gs, float* y, int64_t N16) {
-    if (sz.scalar_type() == at::kBFloat16) typed<at::BFloat16>(packed, sz, xp, xs, K, G, gs, y, N16);
-    else typed<float>(packed, sz, xp, xs, K, G, gs, y, N16);
+// ---- int4_mm and w4a8_mm share the block loop: blocks of 16 packed int4 rows, split between
+// threads; B::block<M, S> computes one (int4_block for
+// bf16 activation pairs, w4a8_block for int8 activation quads: X is what the activations are held as).
+struct Int4Blocks {
+  template <int M, typename S>
+  static void block(const uint8_t* p, const S* sz, const uint32_t* x, const float* xs, int64_t K, int64_t G,
+                    int64_t gs, float* out) {
+    int4_block<M>(p, sz, x, xs, K, G, gs, out);
   }
 };
+
+struct W4A8Blocks {
+  template <int M, typename S>
+  static void block(const uint8_t* p, const S* sz, const int32_t* x, const float* xs, int64_t K, int64_t G,
+                    int64_t gs, float* out) {
+    w4a8_block<M>(p, sz, x, xs, K, G, gs, out);
+  }
+};
+
+template <typename B, typename X>
+struct PackedInt4 {
+  template <int M>
+  struct At {
+    template <typename S>
+    static void typed(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
+                      int64_t G, int64_t gs, float* y, int64_t N16) {
+      const uint8_t* p = packed.data_ptr<uint8_t>();
+      const S* s = sz.data_ptr<S>();
+      at::parallel_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
+        alignas(64) float out[M * 16];
+        for (int64_t b = b0; b < b1; ++b) {
+          B::template block<M, S>(p + b * K * 8, s + b * G * 32, x, xs, K, G, gs, out);
+          for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
+        }
+      });
+    }
+    static void run(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
+                    int64_t G, int64_t gs, float* y, int64_t N16) {
+      if (sz.scalar_type() == at::kBFloat16) typed<at::BFloat16>(packed, sz, x, xs, K, G, gs, y, N16);
+      else typed<float>(packed, sz, x, xs, K, G, gs, y, N16);
+    }
+  };
+};
+
 
 void check_int4(const at::Tensor& packed, const at::Tensor& sz, int64_t K, int64_t gs, int64_t n, int64_t per_byte) {
   TORCH_CHECK(packed.is_contiguous() && packed.scalar_type() == at::kByte && packed.dim() == 2,
@@ -551,7 +572,7 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   auto yf = at::empty({xb.size(0), N16}, x.options().dtype(at::kFloat));
   const uint32_t* xp = (const uint32_t*)xb.data_ptr<at::BFloat16>();
   for (int64_t m0 = 0; m0 < xb.size(0); m0 += kMaxM)
-    dispatch_m<Int4>(std::min(kMaxM, xb.size(0) - m0), packed, sz, xp + m0 * K / 2, xs.data_ptr<float>() + m0 * G, K,
+    dispatch_m<PackedInt4<Int4Blocks, uint32_t>::template At>(std::min(kMaxM, xb.size(0) - m0), packed, sz, xp + m0 * K / 2, xs.data_ptr<float>() + m0 * G, K,
                      G, gs, yf.data_ptr<float>() + m0 * N16, N16);
   if (split) yf = yf.narrow(0, 0, M) + yf.narrow(0, M, M);
   return yf.narrow(1, 0, n).to(x.scalar_type());
@@ -612,27 +633,6 @@ at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   return y;
 }
 
-template <int M>
-struct W4A8 {
-  template <typename S>
-  static void typed(const at::Tensor& packed, const at::Tensor& sz, const int32_t* xq4, const float* xs, int64_t K,
-                    int64_t G, int64_t gs, float* y, int64_t N16) {
-    const uint8_t* p = packed.data_ptr<uint8_t>();
-    const S* s = sz.data_ptr<S>();
-    at::parallel_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
-      alignas(64) float out[M * 16];
-      for (int64_t b = b0; b < b1; ++b) {
-        w4a8_block<M>(p + b * K * 8, s + b * G * 32, xq4, xs, K, G, gs, out);
-        for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
-      }
-    });
-  }
-  static void run(const at::Tensor& packed, const at::Tensor& sz, const int32_t* xq4, const float* xs, int64_t K,
-                  int64_t G, int64_t gs, float* y, int64_t N16) {
-    if (sz.scalar_type() == at::kBFloat16) typed<at::BFloat16>(packed, sz, xq4, xs, K, G, gs, y, N16);
-    else typed<float>(packed, sz, xq4, xs, K, G, gs, y, N16);
-  }
-};
 
 at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
   check_2d(x, "x");
@@ -652,7 +652,7 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   auto yf = at::empty({M, N16}, x.options().dtype(at::kFloat));
   const int32_t* xq4 = (const int32_t*)xq.data();
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<W4A8>(std::min(kMaxM, M - m0), packed, sz, xq4 + m0 * K / 4, xs.data() + m0 * G, K, G, gs,
+    dispatch_m<PackedInt4<W4A8Blocks, int32_t>::template At>(std::min(kMaxM, M - m0), packed, sz, xq4 + m0 * K / 4, xs.data() + m0 * G, K, G, gs,
                      yf.data_ptr<float>() + m0 * N16, N16);
   const auto av = at::from_blob(a.data(), {M, 1}, at::kFloat);
   return (yf.narrow(1, 0, n) * av).to(x.scalar_type());
