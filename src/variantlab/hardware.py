@@ -3,8 +3,8 @@
 A single-stream decode step must read every weight (and the KV cache) once per token, so its
 ceiling is the rate at which this process can read memory. `read_bandwidth` measures that: a pass
 over a buffer far larger than the caches (a sum, or our GEMV where it runs: the faster), with the
-threads torch uses now. `copy_bandwidth` (read +
-write bytes of a copy ÷ time) is the figure DESIGN.md quotes. Both are measured, not quoted: on a
+threads torch uses now. `copy_bandwidth` (read + write bytes of a copy ÷ time) is the figure
+DESIGN.md quotes. Both are measured, not quoted: on a
 shared machine they move with the load, so a worker measures them in the same round as its decode.
 """
 from __future__ import annotations

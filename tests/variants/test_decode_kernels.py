@@ -127,3 +127,15 @@ def test_in_fp32_the_engine_with_ours_decodes_what_it_decodes_with_aten(our_kern
     assert any("decode_attention" in k for k in ours.facts.kernels)
     engine = TorchEngine(ours.model, ours.tokenizer, "cpu")
     assert (tokens(engine, prompts), [tokens(engine, [p]) for p in prompts]) == want
+
+
+@pytest.mark.parametrize("recipe", ["int8", "w8a8", "w4a8"])
+def test_fp16_activations_stay_on_aten(our_kernels, tiny_model_dir, recipe):
+    """Our kernels take fp32 and bf16 activations: an fp16 compute dtype runs aten's (and says nothing of ours)."""
+    options = {"compute_dtype": "fp16"} | ({"group_size": 32} if recipe == "w4a8" else {})
+    built = build(tiny_model_dir, VariantDefinition(recipe, recipe, options), "cpu")
+    assert not any(f"{recipe}_mm" in k for k in built.facts.kernels)
+    with torch.inference_mode():
+        logits = built.model(input_ids=torch.tensor([[5, 6, 7]])).logits
+        step = built.model(input_ids=torch.tensor([[8]])).logits
+    assert torch.isfinite(logits).all() and torch.isfinite(step).all()

@@ -112,7 +112,6 @@ def build(source: str | Path, variant: VariantDefinition, device: str = "cpu", *
     return BuiltVariant(model, tokenizer, facts, variant, {"load_s": t1 - t0, "apply_s": t2 - t1})
 
 
-
 def save(built: BuiltVariant, source: str | Path, out_dir: str | Path) -> dict:
     """Write `built` as an artifact folder (variants/artifact.py); returns the variant.json written."""
     from ..models.loading import resolve_model_path

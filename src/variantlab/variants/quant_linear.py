@@ -86,10 +86,14 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(a, b)
 
 
+OURS_DTYPES = (torch.float32, torch.bfloat16)   # the activations our kernels take (fp16 stays on aten)
+
+
 def _ours_for(op: str, x: torch.Tensor) -> bool:
-    """x [M, K] has few enough rows for our `op` to beat aten's (kernels.OURS_UP_TO), on the CPU, and
-    our kernels run here."""
-    return x.device.type == "cpu" and vk.ours_beats_aten(op, x.shape[0], x.shape[1]) and vk.available()
+    """x [M, K] (fp32 or bf16, on the CPU) has few enough rows for our `op` to beat aten's
+    (kernels.OURS_UP_TO), and our kernels run here."""
+    return (x.device.type == "cpu" and x.dtype in OURS_DTYPES and vk.ours_beats_aten(op, x.shape[0], x.shape[1])
+            and vk.available())
 
 
 def as_linear(layer: nn.Module) -> nn.Module:
@@ -292,7 +296,8 @@ class Int8WeightOnly(QuantLinear):
                           f"weight is cast to {name} on every call (dequantization overhead)",)
 
     def ours(self):
-        return vk.rows_label("int8_mm") if self.path == "kernel" and self.device_type == "cpu" else None
+        runs = self.path == "kernel" and self.device_type == "cpu" and self.dtype in OURS_DTYPES
+        return vk.rows_label("int8_mm") if runs else None
 
     def _mm(self, x):
         if self.device_type == "cpu":
@@ -319,7 +324,8 @@ class W8A8(QuantLinear):
             self.notes = ("w8a8 on cuda: torch._int_mm needs M > 16, so decode rows are zero-padded to 32",)
 
     def ours(self):
-        return vk.rows_label("w8a8_mm") if self.path == "kernel" and self.device_type == "cpu" else None
+        runs = self.path == "kernel" and self.device_type == "cpu" and self.dtype in OURS_DTYPES
+        return vk.rows_label("w8a8_mm") if runs else None
 
     def _mm(self, x):
         if _ours_for("w8a8_mm", x):
@@ -429,7 +435,8 @@ class W4A8(_GroupWise):
             self.register_buffer(name, t)
 
     def _vnni_layout(self) -> bool:
-        return self.device_type == "cpu" and self.group_size % 8 == 0 and vk.available()
+        return (self.device_type == "cpu" and self.dtype in OURS_DTYPES and self.group_size % 8 == 0
+                and vk.available())
 
     def _stored_form(self, resident):
         """Kernel path: either resident layout → nibbles [N, K'/2] and scales, zeros [N, G], the python
