@@ -184,3 +184,16 @@ def test_recipes_lists_the_dtype_recipes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     for name in ("fp32", "bf16", "fp16"):
         assert name in proc.stdout
+
+
+def test_hw_prints_the_machine_and_keeps_its_ceilings(tmp_path, monkeypatch):
+    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path / "cache"))
+    first = run_cli("hw", "--json", "--threads", "1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    assert out["facts"]["cores"] >= 1 and "AVX2" in out["facts"]["isa"]
+    cpu = out["ceilings"]["cpu"]
+    assert not cpu["cached"] and cpu["threads"] == 1 and cpu["copy_gbps"] > 0 and cpu["matmul_tflops"]["fp32"] > 0
+    again = run_cli("hw", "--threads", "1", cwd=tmp_path)
+    assert again.returncode == 0 and "read from" in again.stdout and "CPU: " in again.stdout
+    assert f"measured {cpu['measured_at']}" in again.stdout                 # the same measurement, read back

@@ -181,6 +181,35 @@ def schema() -> None:
 
 
 @app.command()
+def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilings again instead of reading the cache"),
+       threads: Optional[int] = typer.Option(None, min=1, help="torch threads to measure with (default: torch's)"),
+       as_json: bool = typer.Option(False, "--json", help="print the facts and ceilings as JSON")) -> None:
+    """Print this machine's facts (CPU, instruction sets, GPUs) and its measured ceilings (memory
+    bandwidth, matmul rates), measured once per machine and cached."""
+    import torch
+
+    from .device_facts import device_facts
+    from .hardware import cache_dir, cached_ceilings
+    if threads:
+        torch.set_num_threads(threads)
+    facts = device_facts()
+    devices = ["cpu"] + [f"cuda:{i}" for i in range(len(facts.gpus))]
+    measured = {d: cached_ceilings(d, refresh=refresh) for d in devices}
+    if as_json:
+        print(json.dumps({"facts": facts.to_json(),
+                          "ceilings": {d: c.to_json() | {"cached": hit} for d, (c, hit) in measured.items()}},
+                         indent=2))
+        return
+    for line in facts.lines():
+        console.print(escape(line), soft_wrap=True)
+    for d, (c, hit) in measured.items():
+        for line in c.lines():
+            console.print(escape(line), soft_wrap=True)
+        console.print(f"({'read from' if hit else 'measured now, kept in'} {escape(str(cache_dir()))}; "
+                      "--refresh measures again)")
+
+
+@app.command()
 def recipes() -> None:
     """List the recipes a variant can name."""
     from rich.table import Table

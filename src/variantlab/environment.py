@@ -44,10 +44,13 @@ def _version(pkg: str) -> str | None:
 
 def host_fingerprint() -> dict:
     import psutil
+
+    from .device_facts import isa_features
     cpu_model, flags = _cpu_info()
     return {
         "cpu_model": cpu_model,
         "cpu_flags": flags,
+        "isa": isa_features(flags),
         "cpu_count": os.cpu_count(),
         "memory_total_bytes": psutil.virtual_memory().total,
         "os": f"{platform.system()} {platform.release()}",
@@ -64,8 +67,10 @@ def torch_fingerprint(device: str, seed: int) -> dict:
             "cuda_available": torch.cuda.is_available()}
     if device.startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
+        from .device_facts import architecture
         info |= {"gpu": props.name, "gpu_memory_bytes": props.total_memory,
-                 "cuda": torch.version.cuda, "capability": f"{props.major}.{props.minor}"}
+                 "cuda": torch.version.cuda, "capability": f"{props.major}.{props.minor}",
+                 "architecture": architecture(props.major, props.minor)}
         try:
             import subprocess
             info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
