@@ -129,12 +129,13 @@ def test_in_fp32_the_engine_with_ours_decodes_what_it_decodes_with_aten(our_kern
     assert (tokens(engine, prompts), [tokens(engine, [p]) for p in prompts]) == want
 
 
-@pytest.mark.parametrize("recipe", ["int8", "w8a8", "w4a8"])
+@pytest.mark.parametrize("recipe", ["int8", "w8a8", "w4a8", "fp16"])
 def test_fp16_activations_stay_on_aten(our_kernels, tiny_model_dir, recipe):
     """Our kernels take fp32 and bf16 activations: an fp16 compute dtype runs aten's (and says nothing of ours)."""
-    options = {"compute_dtype": "fp16"} | ({"group_size": 32} if recipe == "w4a8" else {})
+    options = ({"compute_dtype": "fp16"} if recipe != "fp16" else {}) | ({"group_size": 32} if recipe == "w4a8" else {})
     built = build(tiny_model_dir, VariantDefinition(recipe, recipe, options), "cpu")
-    assert not any(f"{recipe}_mm" in k for k in built.facts.kernels)
+    assert not any(f"{recipe}_mm" in k or "decode_attention" in k for k in built.facts.kernels)
+    assert built.model.config._attn_implementation == "sdpa"
     with torch.inference_mode():
         logits = built.model(input_ids=torch.tensor([[5, 6, 7]])).logits
         step = built.model(input_ids=torch.tensor([[8]])).logits

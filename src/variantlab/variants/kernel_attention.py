@@ -61,9 +61,12 @@ def register() -> None:
 
 
 def use_decode_attention(model) -> tuple[str, ...]:
-    """Swap the model's "sdpa" attention for ours where our kernels run; the label, or nothing."""
+    """Swap the model's "sdpa" attention for ours where our kernels run and its activations are fp32 or
+    bf16 (ours takes no fp16); the label, or nothing."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != REPLACES or not vk.available():
+        return ()
+    if getattr(model, "dtype", None) not in (torch.float32, torch.bfloat16):
         return ()
     register()
     config._attn_implementation = IMPLEMENTATION
