@@ -140,3 +140,33 @@ def test_fp16_activations_stay_on_aten(our_kernels, tiny_model_dir, recipe):
         logits = built.model(input_ids=torch.tensor([[5, 6, 7]])).logits
         step = built.model(input_ids=torch.tensor([[8]])).logits
     assert torch.isfinite(logits).all() and torch.isfinite(step).all()
+
+
+def test_decode_attention_takes_what_it_computes_exactly_and_hands_the_rest_to_sdpa(our_kernels):
+    """One query position with a kept-positions mask (shared by the batch or per row): ours, equal to
+    SDPA within rounding. Two positions, a float mask or a strided value: SDPA itself, bit for bit."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from variantlab.variants.kernel_attention import decode_attention_forward
+
+    class Module(torch.nn.Module):
+        is_causal, num_key_value_groups = True, 2
+
+    module, g = Module(), torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 1, 16, generator=g)
+    k, v = torch.randn(3, 2, 20, 16, generator=g), torch.randn(3, 2, 20, 16, generator=g)
+    shared = (torch.arange(20) < 13)[None, None, None, :]                   # [1, 1, 1, L]
+    calls = []
+    real = vk.decode_attention
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vk, "decode_attention", lambda *a: calls.append(1) or real(*a))
+        out, _ = decode_attention_forward(module, q, k, v, shared)
+        ref, _ = sdpa_attention_forward(module, q, k, v, shared.expand(3, -1, -1, -1))
+        assert calls == [1] and (out - ref).abs().max() < 1e-5
+        for args in ((torch.randn(3, 4, 2, 16, generator=g), k, v, None),                 # two positions
+                     (q, k, v, torch.zeros(3, 1, 1, 20)),                                  # a float mask
+                     (q, k, v.transpose(2, 3).contiguous().transpose(2, 3), None)):        # strided value
+            got, _ = decode_attention_forward(module, *args)
+            want, _ = sdpa_attention_forward(module, *args)
+            assert torch.equal(got, want)
+        assert calls == [1]

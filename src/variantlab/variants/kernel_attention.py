@@ -24,15 +24,21 @@ LABEL = "variantlab decode_attention at one query position (AVX-512)"  # ends as
 _UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks")
 
 
-def _ours_can_run(query, key, attention_mask, dropout, kwargs) -> bool:
+def _ours_can_run(query, key, value, attention_mask, dropout, kwargs) -> bool:
+    """The call is one our kernel computes exactly as SDPA would; anything else goes to SDPA."""
     if query.shape[2] != 1 or dropout or query.device.type != "cpu":
         return False
-    if query.dtype not in (torch.float32, torch.bfloat16) or key.dtype != query.dtype or query.shape[-1] > 256:
+    if query.dtype not in (torch.float32, torch.bfloat16) or key.dtype != query.dtype or value.dtype != key.dtype:
+        return False
+    if (query.shape[-1] > 256 or query.stride(-1) != 1 or key.stride(-1) != 1 or value.stride() != key.stride()
+            or value.shape != key.shape or query.shape[1] % key.shape[1]):
         return False
     if any(kwargs.get(name) is not None for name in _UNSUPPORTED_KWARGS):
         return False
     return attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4
-                                      and attention_mask.shape[1] == 1 and attention_mask.shape[2] == 1)
+                                      and attention_mask.shape[1] == 1 and attention_mask.shape[2] == 1
+                                      and attention_mask.shape[0] in (1, query.shape[0])
+                                      and attention_mask.shape[3] <= key.shape[2])
 
 
 def decode_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -40,13 +46,13 @@ def decode_attention_forward(module, query, key, value, attention_mask, dropout=
     """AttentionInterface entry: ours at one query position (module docstring), SDPA otherwise."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if (not _ours_can_run(query, key, attention_mask, dropout, kwargs)
+    if (not _ours_can_run(query, key, value, attention_mask, dropout, kwargs)
             or getattr(module, "attn_logit_softcapping", None)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     keep = None
     if attention_mask is not None:
-        keep = attention_mask[:, 0, 0, :]
+        keep = attention_mask[:, 0, 0, :].expand(query.shape[0], -1)   # a mask for every row (stride 0 if shared)
         if keep.shape[-1] != key.shape[2]:   # a mask shorter than the cache: the rest is unused cache
             keep = torch.nn.functional.pad(keep, (0, key.shape[2] - keep.shape[-1]))
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
