@@ -18,6 +18,10 @@ each round, so drift lands on every arm alike. Single-stream: one request of --p
 and --new-tokens new tokens; the figure is 1 / median TPOT over rounds (decode only). Offline: a batch
 of --batch requests of the same lengths, all at once; the figure is generated tokens / wall time
 (prefill included), median over rounds. Ratios are arm / `before`, per round, median [min, max].
+The last column places each arm's single-stream decode on its roofline (roofline.py): the bytes and
+FLOPs a token must move and do at the mean context, against the read bandwidth and the matmul rate
+(fp32, or bf16 for every other recipe) measured at the start; the verdict and the share of that
+floor the arm reached.
 
     python benchmarks/engine_decode.py [--recipes fp32,bf16,int8,int4,w8a8,w4a8] [--rounds 5]
         [--batch 8] [--threads 2] [--compile]
@@ -39,10 +43,13 @@ import torch
 
 from variantlab.backends.base import GenerationRequest, run_requests
 from variantlab.backends.torch_engine import TorchEngine
+from variantlab.hardware import matmul_rate, read_bandwidth
 from variantlab.measure.metrics import tpot
 from variantlab.models.loading import BUILTIN_MODELS
 from variantlab.variants import kernels as vk
+from variantlab.roofline import decode_cost, model_shape, roofline
 from variantlab.variants.build import VariantDefinition, build
+from variantlab.variants.recipe import decode_weight_bytes
 
 CONFIG = dict(hidden_size=768, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
               intermediate_size=2048, vocab_size=1024, max_position_embeddings=1024,
@@ -122,12 +129,16 @@ def main() -> None:
     st = vk.status()
     print(f"our kernels: {st.reason}; torch {torch.__version__}, {args.threads} threads; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    read_gbps, peaks = read_bandwidth(), {d: matmul_rate(d) for d in ("fp32", "bf16")}
+    print(f"ceilings: read {read_gbps:.1f} GB/s; matmul fp32 {peaks['fp32'] or 0:.2f}, "
+          f"bf16 {peaks['bf16'] or 0:.2f} TFLOP/s")
     ids = [0] + [3 + (7 * i) % 1000 for i in range(args.prompt_tokens - 1)]
     with tempfile.TemporaryDirectory(prefix="engine-decode-") as tmp:
         model_dir = make_checkpoint(Path(tmp) / "llama")
         print(f"Llama 115M (random weights), prompt {args.prompt_tokens} tokens, {args.new_tokens} new; "
               f"offline batch {args.batch}; {args.rounds} rounds, arms interleaved and rotated")
-        print(f"{'recipe':7} {'arm':9} {'1-stream tok/s':>14} {'x before':>18} {'offline tok/s':>14} {'x before':>18}")
+        print(f"{'recipe':7} {'arm':9} {'1-stream tok/s':>14} {'x before':>18} {'offline tok/s':>14} {'x before':>18}"
+              f"  single-stream roofline")
         for recipe in args.recipes.split(","):
             arms = arms_for(recipe, model_dir, args.compile)
             for arm in arms:                              # warm-up (and, for `compiled`, compilation)
@@ -143,9 +154,15 @@ def main() -> None:
                 for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
                     arm.run(ids, args.new_tokens, args.batch)
             base = arms[0]
+            context = args.prompt_tokens + args.new_tokens / 2
             for arm in arms:
-                print(f"{recipe:7} {arm.name:9} {statistics.median(arm.single):14.1f} {ratio(arm, base, 'single'):>18} "
-                      f"{statistics.median(arm.offline):14.1f} {ratio(arm, base, 'offline'):>18}", flush=True)
+                tok_s = statistics.median(arm.single)
+                shape = model_shape(arm.engine.model, decode_weight_bytes(arm.engine.model))
+                place = roofline(decode_cost(shape, context), 1 / tok_s, read_gbps,
+                                 peaks["fp32" if recipe == "fp32" else "bf16"])
+                print(f"{recipe:7} {arm.name:9} {tok_s:14.1f} {ratio(arm, base, 'single'):>18} "
+                      f"{statistics.median(arm.offline):14.1f} {ratio(arm, base, 'offline'):>18}  {place.line()}",
+                      flush=True)
             del arms
             gc.collect()
     print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
