@@ -201,11 +201,8 @@ def w4a8_module(w, gs, m):
     """The W4A8 module as it runs without our kernels: int4 unpacked to int8, one torch._int_mm per group."""
     lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
     lin.weight.data = w
-    saved, vk._status = vk.status(), vk.KernelStatus(False, "the group-major layout, for comparison")
-    try:
+    with vk.switched_off("the group-major layout, for comparison"):
         mod = ql.W4A8(lin, BF16, "kernel", gs)
-    finally:
-        vk._status = saved
     return Built(lambda x, mod: mod._mm(x), (mod,), _nbytes(*mod.buffers()))
 
 

@@ -57,17 +57,6 @@ CONFIG = dict(hidden_size=768, num_hidden_layers=16, num_attention_heads=12, num
 OPTIONS = {"int4": {"group_size": 32}, "w4a8": {"group_size": 32}}
 
 
-@contextlib.contextmanager
-def aten_only():
-    """Our kernels count as unavailable inside (variants.kernels reads this status on every call)."""
-    saved = vk.status()
-    vk._status = vk.KernelStatus(False, "switched off by the benchmark")
-    try:
-        yield
-    finally:
-        vk._status = saved
-
-
 def make_checkpoint(folder: Path) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -83,7 +72,7 @@ class Arm:
         self.offline: list[float] = []
 
     def context(self):
-        return aten_only() if self.kernels_off else contextlib.nullcontext()
+        return vk.switched_off("by the benchmark") if self.kernels_off else contextlib.nullcontext()
 
     def run(self, ids: list[int], n: int, batch: int) -> None:
         with self.context(), torch.inference_mode():
@@ -99,7 +88,7 @@ class Arm:
 
 def arms_for(recipe: str, model_dir: Path, with_compile: bool) -> list[Arm]:
     definition = VariantDefinition(recipe, recipe, OPTIONS.get(recipe, {}))
-    with aten_only():
+    with vk.switched_off("by the benchmark"):
         plain = build(model_dir, definition, "cpu")
     arms = [Arm("before", TorchEngine(plain.model, plain.tokenizer, "cpu", static_cache=False), True),
             Arm("aten", TorchEngine(plain.model, plain.tokenizer, "cpu"), True)]

@@ -88,9 +88,8 @@ def switch_off_our_kernels(monkeypatch) -> None:
     module takes its aten path and W4A8 its group-major int8 layout (at build and at every call)."""
     from variantlab.variants import kernels
 
-    off = kernels.KernelStatus(False, "our AVX-512 kernels are off: switched off for this test; aten runs instead")
-    monkeypatch.setattr(kernels, "status", lambda: off)
-    monkeypatch.setattr(kernels, "available", lambda: False)
+    monkeypatch.setattr(kernels, "_status", kernels.KernelStatus(
+        False, "our AVX-512 kernels are off: switched off for this test; aten runs instead"))
 
 
 @pytest.fixture

@@ -111,15 +111,20 @@ def gpu_facts() -> tuple[GpuFacts, ...]:
     return tuple(out)
 
 
+def this_cpu() -> tuple[str, list[str]]:
+    """(model name, flags) of this machine's CPU; its platform name and no flags where /proc/cpuinfo is absent."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return cpu_info(f.read())
+    except OSError:
+        return platform.processor() or platform.machine(), []
+
+
 def device_facts(with_gpus: bool = True) -> DeviceFacts:
     """This machine's facts. with_gpus=False needs no torch (the planning process)."""
     import os
 
     from .measure.plan import available_cores
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model, flags = cpu_info(f.read())
-    except OSError:
-        model, flags = platform.processor() or platform.machine(), []
+    model, flags = this_cpu()
     return DeviceFacts(model, available_cores(), os.cpu_count(), isa_features(flags),
                        gpu_facts() if with_gpus else ())

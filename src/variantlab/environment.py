@@ -18,23 +18,6 @@ _RELEVANT_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "OPENB
                  "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "ATEN_CPU_CAPABILITY")
 
 
-def _cpu_info() -> tuple[str, list[str]]:
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model in ("", platform.machine(), platform.processor()):
-                    model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    have = set(value.split())
-                    flags = [fl for fl in _INTERESTING_FLAGS if fl in have]
-    except OSError:
-        pass
-    return model, flags
-
-
 def _version(pkg: str) -> str | None:
     try:
         return metadata.version(pkg)
@@ -45,12 +28,13 @@ def _version(pkg: str) -> str | None:
 def host_fingerprint() -> dict:
     import psutil
 
-    from .device_facts import isa_features
-    cpu_model, flags = _cpu_info()
+    from .device_facts import isa_features, this_cpu
+    cpu_model, all_flags = this_cpu()
+    flags = [fl for fl in _INTERESTING_FLAGS if fl in set(all_flags)]
     return {
         "cpu_model": cpu_model,
         "cpu_flags": flags,
-        "isa": isa_features(flags),
+        "isa": isa_features(all_flags),
         "cpu_count": os.cpu_count(),
         "memory_total_bytes": psutil.virtual_memory().total,
         "os": f"{platform.system()} {platform.release()}",

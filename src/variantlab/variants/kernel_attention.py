@@ -15,6 +15,7 @@ model's attention as "sdpa" (`saved_implementation`): the swap is this machine's
 from __future__ import annotations
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from . import kernels as vk
 
@@ -44,8 +45,6 @@ def _ours_can_run(query, key, value, attention_mask, dropout, kwargs) -> bool:
 def decode_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                              is_causal=None, **kwargs):
     """AttentionInterface entry: ours at one query position (module docstring), SDPA otherwise."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if (not _ours_can_run(query, key, value, attention_mask, dropout, kwargs)
             or getattr(module, "attn_logit_softcapping", None)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

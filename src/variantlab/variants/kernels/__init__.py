@@ -22,6 +22,8 @@ then keep aten, and say so in their notes.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ._build import KernelStatus, load
@@ -52,7 +54,7 @@ def rows_label(op: str) -> str:
     return f"{op} at {rows}" + (f" (≤ {small_k} with K ≤ {SMALL_K})" if small_k != any_k else "")
 
 __all__ = ["KernelStatus", "status", "available", "fp32_mm", "bf16_mm", "int8_mm", "int4_mm", "w8a8_mm", "w4a8_mm",
-           "decode_attention", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros", "MAX_ROWS",
+           "decode_attention", "switched_off", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros", "MAX_ROWS",
            "OURS_UP_TO", "ours_beats_aten", "rows_label"]
 
 
@@ -65,6 +67,19 @@ def status() -> KernelStatus:
     if _status is None:
         _status = load()
     return _status
+
+
+@contextlib.contextmanager
+def switched_off(why: str = "switched off"):
+    """Inside, our kernels count as unavailable (status() says `why`; callers take aten's path, and a
+    W4A8 built inside holds the group-major layout): for side-by-side comparisons with aten's."""
+    global _status
+    saved = status()
+    _status = KernelStatus(False, f"our AVX-512 kernels are off: {why}; aten runs instead")
+    try:
+        yield
+    finally:
+        _status = saved
 
 
 def available() -> bool:

@@ -38,13 +38,8 @@ class KernelStatus:
 
 
 def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    from ...device_facts import this_cpu
+    return set(this_cpu()[1])
 
 
 def missing_requirement(flags: set[str] | None = None) -> str | None:
