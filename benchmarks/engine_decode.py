@@ -18,7 +18,7 @@ each round, so drift lands on every arm alike. Single-stream: one request of --p
 and --new-tokens new tokens; the figure is 1 / median TPOT over rounds (decode only). Offline: a batch
 of --batch requests of the same lengths, all at once; the figure is generated tokens / wall time
 (prefill included), median over rounds. Ratios are arm / `before`, per round, median [min, max].
-The last column places each arm's single-stream decode on its roofline (roofline.py): the bytes and
+The last column places each arm's single-stream decode on its roofline (explain/roofline.py): the bytes and
 FLOPs a token must move and do at the mean context, against the read bandwidth and the matmul rate
 (fp32, or bf16 for every other recipe) measured at the start; the verdict and the share of that
 floor the arm reached.
@@ -43,11 +43,11 @@ import torch
 
 from variantlab.backends.base import GenerationRequest, run_requests
 from variantlab.backends.torch_engine import TorchEngine
+from variantlab.explain.roofline import decode_cost, model_shape, roofline
 from variantlab.hardware import matmul_rate, read_bandwidth
 from variantlab.measure.metrics import tpot
 from variantlab.models.loading import BUILTIN_MODELS
 from variantlab.variants import kernels as vk
-from variantlab.roofline import decode_cost, model_shape, roofline
 from variantlab.variants.build import VariantDefinition, build
 from variantlab.variants.recipe import decode_weight_bytes
 

@@ -197,3 +197,7 @@ def test_hw_prints_the_machine_and_keeps_its_ceilings(tmp_path, monkeypatch):
     again = run_cli("hw", "--threads", "1", cwd=tmp_path)
     assert again.returncode == 0 and "read from" in again.stdout and "CPU: " in again.stdout
     assert f"measured {cpu['measured_at']}" in again.stdout                 # the same measurement, read back
+    config = out["configuration"]["cpu"]                                     # what `recipe: auto` picks, and why
+    assert {c["name"] for c in config["decode-heavy"]["choices"]} >= {"dtype", "recipe", "compile", "threads"}
+    assert out["kernel_times"]["cpu"]["threads"] == 1
+    assert "configuration for decode-heavy" in again.stdout and "configuration for batch-heavy" in again.stdout

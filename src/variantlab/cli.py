@@ -54,6 +54,13 @@ def _print_comparison(comparison, title: str, all_rows: bool) -> None:
                       highlight=False)
 
 
+def _print_resolved(plan) -> None:
+    """What each `recipe: auto` variant resolved to, and why (the run's stored plan records it too)."""
+    for v in plan.variants:
+        if v.resolved:
+            err_console.print(escape(f"{v.name}: auto → {v.resolved['summary']}"), highlight=False, soft_wrap=True)
+
+
 def _progress_events(progress, task):
     """runner.Events that drive a rich progress bar: one step per job (build or measurement)."""
     from .measure.runner import Events
@@ -106,6 +113,7 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
         plan = plan_suite_file(suite)
         if rounds:
             plan = plan.with_rounds(rounds)
+        _print_resolved(plan)
         check_artifacts_dir(artifacts)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err_console,
@@ -126,6 +134,7 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
         print(json.dumps(result.to_json(), indent=2))
         return
     _print_comparison(result.comparison, f"{result.suite_name} — run {result.run_id}", all_rows)
+    _print_explanations(result)
     console.print(f"wrote {result.output_dir}/report.md, results.json, results.csv; "
                   f"stored run {result.run_id} in {result.store_path} ({result.wall_s:.1f} s)",
                   highlight=False)
@@ -145,6 +154,7 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     _terminate_as_interrupt()
     try:
         plan = plan_suite_file(suite)
+        _print_resolved(plan)
         out_dir = out if out is not None else default_artifacts_dir(plan)
         t0 = time.perf_counter()
         with err_console.status("building") as status:
@@ -174,6 +184,65 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
 
 
 @app.command()
+def explain(run: str = typer.Argument(..., help="run id (or a unique prefix)"),
+            a: str = typer.Argument(..., help="the variant to compare against (e.g. the baseline)"),
+            b: str = typer.Argument(..., help="the variant whose difference is explained"),
+            store: Path = typer.Option(Path("variantlab.sqlite"), help="results store (SQLite)"),
+            rounds: int = typer.Option(2, "--rounds", min=1, help="profiled fresh workers per variant, A B then B A"),
+            ops: bool = typer.Option(False, "--ops", help="also print the operators that moved most"),
+            as_json: bool = typer.Option(False, "--json", help="print the explanation as JSON")) -> None:
+    """Profile two variants of a stored run in fresh workers and attribute B's per-token time against A's, per
+    phase, to operator categories; place each on its roofline."""
+    from .explain.render import explanation_blocks
+    from .explain.run import ExplainFailed, explain_run
+    _terminate_as_interrupt()
+    try:
+        with err_console.status("profiling") as status:
+            explanation, folder = explain_run(store, run, a, b, rounds=rounds, on_job=status.update)
+    except VariantlabError as e:
+        _fail(e)
+    except ExplainFailed as e:
+        err_console.print(f"[bold red]explain failed:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        err_console.print("interrupted: nothing was explained", highlight=False)
+        raise typer.Exit(130)
+    if as_json:
+        from .explain.run import finite
+        print(json.dumps(finite(explanation.to_json()), indent=2))
+        return
+    _print_blocks(explanation_blocks(explanation, ops))
+    console.print(f"wrote {folder}/explanation.md and explanation.json", highlight=False)
+
+
+def _print_explanations(result) -> None:
+    """`explain: true`: each explained variant's headline per phase; report.md has the tables."""
+    from .explain.render import headline
+    for note in result.explain_notes:
+        console.print(escape(note), highlight=False, soft_wrap=True)
+    for e in result.explanations:
+        console.print(f"why {escape(e.b)} is slower than {escape(e.a)} (explain/{escape(e.a)}-vs-{escape(e.b)}/):",
+                      style="bold", highlight=False)
+        for p in e.phases:
+            console.print("  " + escape(headline(p, e.a, e.b)), highlight=False, soft_wrap=True)
+
+
+def _print_blocks(blocks) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from .explain.render import Text
+    for blk in blocks:
+        if isinstance(blk, Text):
+            console.print(escape(blk.text), style="bold" if blk.heading else None, highlight=False, soft_wrap=True)
+            continue
+        t = Table(*blk.headers, box=box.SIMPLE_HEAD)
+        for row in blk.rows:
+            t.add_row(*map(escape, row))
+        console.print(t)
+
+
+@app.command()
 def schema() -> None:
     """Print the suite file's JSON schema."""
     from .suite import suite_json_schema
@@ -181,23 +250,35 @@ def schema() -> None:
 
 
 @app.command()
-def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilings again instead of reading the cache"),
+def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilings and kernel times again instead "
+                                    "of reading the cache"),
        threads: Optional[int] = typer.Option(None, min=1, help="torch threads to measure with (default: torch's)"),
-       as_json: bool = typer.Option(False, "--json", help="print the facts and ceilings as JSON")) -> None:
-    """Print this machine's facts (CPU, instruction sets, GPUs) and its measured ceilings (memory
-    bandwidth, matmul rates), measured once per machine and cached."""
+       as_json: bool = typer.Option(False, "--json", help="print the facts, ceilings, kernel times and "
+                                    "configuration as JSON")) -> None:
+    """Print this machine's facts (CPU, instruction sets, GPUs), its measured ceilings (memory
+    bandwidth, matmul rates) and kernel times, measured once per machine and cached, and the
+    hardware-aware configuration (what `recipe: auto` picks) for a decode-heavy and a batch-heavy workload."""
     import torch
 
     from .device_facts import device_facts
     from .hardware import cache_dir, cached_ceilings
+    from .hwconfig import BATCH_HEAVY, DECODE_HEAVY, machine_config, machine_inputs
     if threads:
         torch.set_num_threads(threads)
     facts = device_facts()
     devices = ["cpu"] + [f"cuda:{i}" for i in range(len(facts.gpus))]
     measured = {d: cached_ceilings(d, refresh=refresh) for d in devices}
+    inputs = {d: machine_inputs(d, threads=torch.get_num_threads(), refresh=refresh, ceilings=measured[d][0])
+              for d in devices}
+    configs = {d: [machine_config(w, device=d, inputs=inputs[d]) for w in (DECODE_HEAVY, BATCH_HEAVY)]
+               for d in devices}
     if as_json:
         print(json.dumps({"facts": facts.to_json(),
-                          "ceilings": {d: c.to_json() | {"cached": hit} for d, (c, hit) in measured.items()}},
+                          "ceilings": {d: c.to_json() | {"cached": hit} for d, (c, hit) in measured.items()},
+                          "kernel_times": {d: m.kernel_times.to_json() if m.kernel_times else None
+                                           for d, m in inputs.items()},
+                          "configuration": {d: {"decode-heavy": a.to_json(), "batch-heavy": b.to_json()}
+                                            for d, (a, b) in configs.items()}},
                          indent=2))
         return
     for line in facts.lines():
@@ -207,6 +288,9 @@ def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilin
             console.print(escape(line), soft_wrap=True)
         console.print(f"({'read from' if hit else 'measured now, kept in'} {escape(str(cache_dir()))}; "
                       "--refresh measures again)")
+        kt = inputs[d].kernel_times
+        for line in (kt.lines() if kt else []) + [c2 for cfg in configs[d] for c2 in cfg.lines()]:
+            console.print(escape(line), soft_wrap=True, highlight=False)
 
 
 @app.command()

@@ -174,24 +174,32 @@ def machine_key(facts: dict, device: str, threads: int, torch_version: str) -> s
 def cached_ceilings(device: str = "cpu", *, refresh: bool = False) -> tuple[Ceilings, bool]:
     """(ceilings, whether they came from the cache): measured once per machine key, then read back.
     A cache file that cannot be read or parsed is measured again and rewritten."""
-    import json
-
     import torch
 
     from .device_facts import device_facts
     facts = device_facts().to_json()
     path = cache_dir() / f"{machine_key(facts, device, torch.get_num_threads(), torch.__version__)}.json"
+    return cached_measurement(path, "ceilings", facts, lambda: measure_ceilings(device), lambda d: Ceilings(**d),
+                              Ceilings.to_json, refresh=refresh)
+
+
+def cached_measurement(path: Path, name: str, facts: dict, measure, from_json, to_json, *,
+                       refresh: bool = False) -> tuple[object, bool]:
+    """(value, whether it came from the cache file `path`): read back unless `refresh`; else (or when the file
+    cannot be read or parsed) measured and written with the machine's facts, atomically. An unwritable
+    cache only costs a measurement next time."""
+    import json
     if not refresh and path.is_file():
         try:
-            return Ceilings(**json.loads(path.read_text())["ceilings"]), True
+            return from_json(json.loads(path.read_text())[name]), True
         except (OSError, ValueError, TypeError, KeyError):
             pass
-    ceilings = measure_ceilings(device)
+    value = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"facts": facts, "ceilings": ceilings.to_json()}, indent=2))
+        tmp.write_text(json.dumps({"facts": facts, name: to_json(value)}, indent=2))
         tmp.replace(path)
     except OSError:
-        pass   # an unwritable cache only costs a measurement next time
-    return ceilings, False
+        pass
+    return value, False

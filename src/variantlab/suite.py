@@ -143,6 +143,8 @@ class Suite(_Frozen):
                                                                     "every round by the suite's seed")
     seed: int = 0
     timeout_s: float = Field(900, gt=0, description="a variant still running after this is recorded as failed")
+    explain: bool = Field(False, description="after the run, profile the baseline and every variant slower than it "
+                                             "beyond its interval, and add why to the report (`variantlab explain`)")
 
     @property
     def baseline_name(self) -> str:

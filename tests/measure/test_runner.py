@@ -248,3 +248,31 @@ def test_the_machine_warning_compares_the_load_with_the_machines_cores():
     (w,) = machine_warnings(2, machine_cores=2, load=3.4)
     assert "load average 3.4 on 2 cores" in w
     assert machine_warnings(2, machine_cores=64, load=3.4) == []   # a big machine with room to spare
+
+
+# --- explain: true picks the variants slower than the baseline beyond the interval (unit) -----------------
+
+def _comparison_with(deltas: dict, lower_is_better=True, headline=1, is_timing=True, status=None):
+    from variantlab.measure.analysis import Comparison, Row
+    from variantlab.measure.stats import Delta
+    names = ("base", *deltas)
+    row = Row("single-stream.tpot_p50", "TPOT p50", "s" if is_timing else "B", lower_is_better, "samples",
+              {n: None for n in names}, {"base": None, **{n: Delta(*d) for n, d in deltas.items()}},
+              headline=headline, is_timing=is_timing)
+    return Comparison("base", names, status or {n: "ok" for n in names}, {n: None for n in names}, (row,))
+
+
+def test_slower_than_baseline_needs_a_significant_worse_headline_timing():
+    from variantlab.measure.runner import slower_than_baseline
+    c = _comparison_with({"slow": (50.0, 40.0, 60.0, True), "fast": (-30.0, -40.0, -20.0, True),
+                          "unsure": (20.0, -5.0, 45.0, False), "one-round": (80.0, None, None, None)})
+    assert slower_than_baseline(c) == ["slow"]
+    # higher is better (throughput): a significant drop is slower
+    c = _comparison_with({"drop": (-25.0, -30.0, -20.0, True), "gain": (25.0, 20.0, 30.0, True)},
+                         lower_is_better=False)
+    assert slower_than_baseline(c) == ["drop"]
+    # not a headline row, or not a timing: no trigger; a failed variant is never explained
+    assert slower_than_baseline(_comparison_with({"slow": (50.0, 40.0, 60.0, True)}, headline=None)) == []
+    assert slower_than_baseline(_comparison_with({"slow": (50.0, 40.0, 60.0, True)}, is_timing=False)) == []
+    assert slower_than_baseline(_comparison_with({"slow": (50.0, 40.0, 60.0, True)},
+                                                 status={"base": "ok", "slow": "failed"})) == []

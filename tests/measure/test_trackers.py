@@ -104,3 +104,29 @@ def test_stability_measures_the_models_own_attention_at_the_given_lengths(tiny_l
     assert all(r.status == "ok" and r.rel_error < 1e-5 for r in out.rows)   # fp32 against float64
     (row,) = Stability((16, 64)).metrics()
     assert row.samples(out) == [out.rows[-1].rel_error]
+
+
+@pytest.mark.model
+def test_profile_times_both_phases_and_names_its_operators(tiny_lm):
+    from variantlab.explain.categories import CATEGORIES
+    from variantlab.measure.trackers.profile import Profile, ProfileOutput, WorkloadSpec
+    from variantlab.variants.recipe import VariantFacts
+    model, tok = tiny_lm
+    h = host(model, tok)
+    h.built.facts = VariantFacts("fp32", "fp32", 1, 4, 32.0)
+    t = Profile((WorkloadSpec("single-stream", 1, 2), WorkloadSpec("offline", 2, 2)), max_new_tokens=3, reps=2)
+    out = t.run(h)
+    assert ProfileOutput.model_validate(out.model_dump(mode="json")) == out      # crosses the process boundary
+    assert [w.scenario for w in out.workloads] == ["single-stream", "offline"]
+    prompts = sum(len(h.backend.encode(s["prompt"])) for s in SAMPLES[:2])
+    for w in out.workloads:
+        prefill, decode = w.phases
+        assert (prefill.phase, decode.phase) == ("prefill", "decode")
+        assert prefill.tokens == prompts and decode.tokens == 2 * (3 - 1)      # every request runs max_new_tokens
+        assert len(prefill.plain_s) >= 2 and len(prefill.profiled) == 2
+        assert all(s > 0 for s in prefill.plain_s + decode.plain_s)
+        ops = [o for run in decode.profiled for o in run.ops]
+        assert ops and all(o.category in CATEGORIES and o.calls > 0 and o.self_s >= 0 for o in ops)
+        assert w.counters.reason or w.counters.counts
+    assert out.marked_modules > 0 and out.shape["layers"] == model.config.num_hidden_layers
+    assert out.ceilings["read_gbps"] > 0 and not out.compiled

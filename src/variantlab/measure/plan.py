@@ -6,8 +6,9 @@ order shuffled by the suite's seed. Anything that drifts on the machine between 
 job, a frequency change) then lands on every variant alike, and per-round paired ratios cancel
 what a round shares (asv and Google Benchmark interleave for the same reason).
 
-`make_plan` raises every input problem (VariantlabError) before anything runs; planning never
-imports torch.
+`make_plan` raises every input problem (VariantlabError) before anything runs; planning imports
+torch only for a recipe resolved at plan time (`recipe: auto`, variants/auto.py: it times this
+machine's kernels once, then reads them from the cache).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..data.structured import generate_samples
 from ..models.loading import check_model_dir, resolve_model_path
 from ..suite import Suite, load_suite
 from ..variants.build import VariantDefinition
-from ..variants.registry import resolve_variant_attention, resolve_variant_recipe
+from ..variants.registry import get_recipe, resolve_variant_attention, resolve_variant_recipe
 from .trackers import standard_trackers
 
 CALIBRATION_LIMIT = 512   # texts handed to a build job at most
@@ -34,6 +35,7 @@ MIN_CALIBRATION = 16      # samples left after the scored ones, for the workload
 class PlannedVariant:
     definition: VariantDefinition
     source: Path                      # the checkpoint it is built from
+    resolved: dict | None = None      # what a plan-time recipe (auto) chose and why: variants/auto.Resolution
 
     @property
     def name(self) -> str:
@@ -73,7 +75,8 @@ class Plan:
 
     def to_json(self) -> dict:
         return {"baseline": self.baseline, "rounds": self.rounds,
-                "variants": [v.definition.to_json() | {"source": str(v.source)} for v in self.variants],
+                "variants": [v.definition.to_json() | {"source": str(v.source)}
+                             | ({"resolved": v.resolved} if v.resolved else {}) for v in self.variants],
                 "order": [self.order(r) for r in range(self.rounds)],
                 "trackers": [{"kind": t.kind, "config": t.config()} for t in self.trackers],
                 "samples": len(self.samples)}
@@ -95,7 +98,7 @@ def available_cores(cpu_max: str | Path = "/sys/fs/cgroup/cpu.max") -> int:
     return cores
 
 
-def _dataset(ds, base_dir: Path) -> list[dict]:
+def dataset_samples(ds, base_dir: Path) -> list[dict]:
     if ds.path is not None:
         p = Path(ds.path)
         samples = load_jsonl(p if p.is_absolute() else base_dir / p, limit=ds.n)
@@ -109,7 +112,7 @@ def _calibration(suite: Suite, base_dir: Path, samples: list[dict]) -> list[dict
     use (so that a calibrated recipe's KLD is not measured on its own calibration text), or all of them
     when fewer than MIN_CALIBRATION would be left."""
     if suite.calibration:
-        return _dataset(suite.calibration, base_dir)
+        return dataset_samples(suite.calibration, base_dir)
     rest = samples[suite.workload.accuracy.samples:]
     return rest if len(rest) >= MIN_CALIBRATION else samples
 
@@ -118,6 +121,7 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
     """Resolve and check every model and recipe, and load the datasets; raise on bad input."""
     base_model = resolve_model_path(suite.model, base_dir, file=suite_path, field="model")
     check_model_dir(base_model, file=suite_path, field="model")
+    samples = dataset_samples(suite.workload.dataset, base_dir)
     planned = []
     for i, v in enumerate(suite.variants):
         field = f"variants[{i}]"
@@ -128,10 +132,17 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
             check_model_dir(path, file=suite_path, field=f"{field}.model")
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))  # check_model_dir parsed it
         attention = resolve_variant_attention(v, config=config, file=suite_path, field=field)
+        compile_, resolved = v.compile, None
+        resolve = getattr(get_recipe(recipe), "resolve", None)   # a recipe chosen at plan time (auto)
+        if resolve is not None:
+            r = resolve(options, suite=suite, samples=samples, config=config, model_dir=path, file=suite_path,
+                        field=field)
+            recipe, options, resolved = r.recipe, r.options, r.to_json()
+            if "compile" not in v.model_fields_set:   # the variant's own compile: wins over the choice
+                compile_ = r.compile
         planned.append(PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options),
-                                                        v.compile), path))
+                                                        compile_), path, resolved))
     planned.sort(key=lambda p: p.name != suite.baseline_name)
-    samples = _dataset(suite.workload.dataset, base_dir)
     texts = tuple(s["prompt"] + " " + s["answer"] for s in _calibration(suite, base_dir, samples)[:CALIBRATION_LIMIT])
     return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(standard_trackers(suite, len(samples))),
                 suite.rounds)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -62,10 +62,20 @@ class BenchResult:
     environment: dict
     comparison: Comparison
     wall_s: float = 0.0
+    explanations: tuple = ()          # explain.run.Explanation, with `explain: true`
+    explain_notes: tuple[str, ...] = ()
+    resolved: dict = field(default_factory=dict)   # variant → what `recipe: auto` chose and why (its summary)
+
 
     def to_json(self) -> dict:
-        return {"run_id": self.run_id, "suite": self.suite_name, "output_dir": str(self.output_dir),
-                "environment": self.environment, "comparison": self.comparison.to_json()}
+        out = {"run_id": self.run_id, "suite": self.suite_name, "output_dir": str(self.output_dir),
+               "environment": self.environment, "comparison": self.comparison.to_json()}
+        if self.resolved:
+            out["resolved"] = dict(self.resolved)
+        if self.explanations or self.explain_notes:
+            out["explanations"] = [e.to_json() for e in self.explanations]
+            out["explain_notes"] = list(self.explain_notes)
+        return out
 
 
 def new_run_id() -> str:
@@ -176,7 +186,12 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise RunInterrupted(run_id, store_file, kept) from e
             raise
-    result = BenchResult(run_id, suite.name, out, store_file, env, comparison, time.perf_counter() - t0)
+    explanations, explain_notes = (), ()
+    if suite.explain:
+        explanations, explain_notes = _explain_slower(plan, builds, comparison, out, executor, threads, events)
+    result = BenchResult(run_id, suite.name, out, store_file, env, comparison, time.perf_counter() - t0,
+                         explanations, explain_notes, {v.name: v.resolved["summary"] for v in plan.variants
+                                                       if v.resolved})
     from ..report.files import write_reports
     try:
         write_reports(result)
@@ -184,6 +199,57 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
         raise VariantlabError(f"cannot write the run's reports ({e.strerror}); the run is stored as {run_id}",
                               file=str(out), accepted="a writable folder") from None
     return result
+
+
+def slower_than_baseline(comparison: Comparison) -> list[str]:
+    """The variants measured slower than the baseline beyond the interval on some headline timing row."""
+    slower = []
+    for name in comparison.variants:
+        if name == comparison.baseline or comparison.status.get(name) != "ok":
+            continue
+        for row in comparison.rows:
+            d = row.deltas.get(name)
+            if not (row.is_timing and row.headline is not None and d is not None and d.significant and d.pct):
+                continue
+            if (d.pct > 0) == bool(row.lower_is_better):
+                slower.append(name)
+                break
+    return slower
+
+
+def _explain_slower(plan: Plan, builds: dict, comparison: Comparison, out: Path, executor: Executor, threads: int,
+                    events: Events) -> tuple[tuple, tuple[str, ...]]:
+    """`explain: true`: the explanation of every variant slower than the baseline, against it. A variant whose
+    profiling fails, or Ctrl-C while profiling, leaves a note; the measured run is already stored."""
+    from ..explain.render import explanation_markdown
+    from ..explain.run import ExplainFailed, Target, explain_profiles, profile_tracker, profile_variants, \
+        write_explanation
+    base = plan.baseline
+    slower = slower_than_baseline(comparison)
+    if not slower:
+        return (), ("explain: no variant was slower than the baseline beyond its interval; nothing to explain",)
+    tracker = profile_tracker(plan.suite, len(plan.samples))
+    done, notes = [], []
+    for name in slower:
+        folder = out / "explain" / f"{base}-vs-{name}"
+        targets = tuple(Target(n, plan.variant(n).definition.to_json(), builds[n].artifact_dir) for n in (base, name))
+        try:
+            profiles = profile_variants(targets, tracker, plan.samples, device=plan.suite.device, threads=threads,
+                                        seed=plan.suite.seed, rounds=2, workdir=folder / "jobs",
+                                        timeout_s=plan.suite.timeout_s, executor=executor, on_job=events.on_job)
+        except ExplainFailed as e:
+            notes.append(f"explain {name}: {e}")
+            continue
+        except KeyboardInterrupt:
+            kill = getattr(executor, "kill", None)
+            if kill:
+                kill()
+            notes.append("explain: interrupted; the run itself is complete and stored")
+            break
+        explanation = explain_profiles(base, name, profiles, run_id=out.name, comparison=comparison)
+        write_explanation(explanation, folder, explanation_markdown)
+        done.append(explanation)
+    return tuple(done), tuple(notes)
 
 
 def _measure(plan: Plan, name: str, r: int, build: BuildRecord, run_once: bool, out: Path, executor: Executor,

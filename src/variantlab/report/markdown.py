@@ -40,4 +40,13 @@ def report_markdown(result) -> str:
         "",
     ]
     parts += [f"- {line}" for line in status_lines(c, visible_rows(c))]
+    parts += [f"- {name}: recipe auto → {summary}" for name, summary in getattr(result, "resolved", {}).items()]
+    explanations = getattr(result, "explanations", ())
+    notes = getattr(result, "explain_notes", ())
+    if explanations or notes:
+        from ..explain.render import explanation_markdown
+        parts += ["", "## Why the slower variants are slower (explain: true)", ""]
+        parts += [f"- {n}" for n in notes]
+        for e in explanations:
+            parts += ["", explanation_markdown(e, base_level=3)]
     return "\n".join(parts) + "\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RecipeError
+from .auto import AutoRecipe
 from .dtype import DtypeRecipe
 from .mixed import MixedRecipe
 from .quant import QUANT_RECIPES
@@ -16,6 +17,7 @@ RECIPES: dict[str, Recipe] = {
         DtypeRecipe("fp16", "every weight and matmul in float16; norms and softmax accumulate in fp32"),
         *QUANT_RECIPES,
         MixedRecipe(),
+        AutoRecipe(),   # resolved to one of the above when the suite is planned (variants/auto.py)
     )
 }
 

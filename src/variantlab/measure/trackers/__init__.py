@@ -12,10 +12,12 @@ from .cold_start import ColdStart
 from .facts import Facts
 from .grading import Grading
 from .memory import Memory
+from .profile import Profile
 from .scoring import Scoring
 from .stability import DEFAULT_LENGTHS, Stability
 
-TRACKERS = {cls.kind: cls for cls in (*SCENARIOS.values(), ColdStart, Memory, Facts, Stability, Grading, Scoring)}
+TRACKERS = {cls.kind: cls for cls in (*SCENARIOS.values(), ColdStart, Memory, Facts, Stability, Grading, Scoring,
+                                 Profile)}
 
 
 def tracker_from_config(kind: str, config: dict):

@@ -581,20 +581,39 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 // ---- activations quantized per token, as variants/quant_packing.quantize_int8_per_token:
 // a = max(amax|x| / 127, FLT_MIN), xq = clamp(round_half_even(x / a), −127, 127).
 
-void quantize_rows(const at::Tensor& x, int8_t* xq, int64_t ld, float* a) {
-  const auto xf = x.to(at::kFloat).contiguous();
-  const float* p = xf.data_ptr<float>();
-  const int64_t M = x.size(0), K = x.size(1);
+// Read in place (fp32 or bf16, converted per element): no fp32 copy of x is made, and no aten op runs
+// around the kernel (each would cost a dispatch, ~1 µs, per linear per token: issue 10's explain).
+template <typename T>
+void quantize_rows_typed(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, int64_t ld, float* a) {
   for (int64_t m = 0; m < M; ++m) {
+    const T* row = p + m * sm;
     float amax = 0.f;
-    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(p[m * K + k]));
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
     const float am = std::max(amax / 127.f, std::numeric_limits<float>::min());
     a[m] = am;
     for (int64_t k = 0; k < K; ++k) {
-      const float v = std::nearbyint(p[m * K + k] / am);
+      const float v = std::nearbyint(static_cast<float>(row[k]) / am);
       xq[m * ld + k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
     }
   }
+}
+
+void quantize_rows(const at::Tensor& x_, int8_t* xq, int64_t ld, float* a) {
+  const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();   // rows in place; a strided column, copied
+  const int64_t M = x.size(0), K = x.size(1);
+  if (x.scalar_type() == at::kBFloat16)
+    quantize_rows_typed(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq, ld, a);
+  else
+    quantize_rows_typed(x.data_ptr<float>(), M, K, x.stride(0), xq, ld, a);
+}
+
+// y[m, j] = yf[m, j] · a[m] for j < n, in y's dtype: the per-token scale and the cast, in one pass.
+template <typename T>
+void scale_rows_into(const float* yf, int64_t ldf, const float* a, int64_t M, int64_t n, T* y) {
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t j = 0; j < n; ++j) y[m * n + j] = static_cast<T>(yf[m * ldf + j] * a[m]);
+  });
 }
 
 template <int M>
@@ -649,13 +668,17 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
       for (int64_t k = g * gs; k < (g + 1) * gs; ++k) t += xq[m * K + k];
       xs[m * G + g] = static_cast<float>(t);
     }
-  auto yf = at::empty({M, N16}, x.options().dtype(at::kFloat));
+  std::vector<float> yf(M * N16);
   const int32_t* xq4 = (const int32_t*)xq.data();
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
     dispatch_m<PackedInt4<W4A8Blocks, int32_t>::template At>(std::min(kMaxM, M - m0), packed, sz, xq4 + m0 * K / 4, xs.data() + m0 * G, K, G, gs,
-                     yf.data_ptr<float>() + m0 * N16, N16);
-  const auto av = at::from_blob(a.data(), {M, 1}, at::kFloat);
-  return (yf.narrow(1, 0, n) * av).to(x.scalar_type());
+                     yf.data() + m0 * N16, N16);
+  auto y = at::empty({M, n}, x.options());
+  if (x.scalar_type() == at::kBFloat16)
+    scale_rows_into(yf.data(), N16, a.data(), M, n, y.data_ptr<at::BFloat16>());
+  else
+    scale_rows_into(yf.data(), N16, a.data(), M, n, y.data_ptr<float>());
+  return y;
 }
 
 // ---- decode_attention

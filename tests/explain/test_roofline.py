@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from variantlab.roofline import ModelShape, StepCost, decode_cost, model_shape, roofline
+from variantlab.explain.roofline import ModelShape, StepCost, decode_cost, model_shape, roofline
 
 SHAPE = ModelShape(weight_bytes=230_000_000, linear_params=113_000_000, layers=16, heads=12, kv_heads=4,
                    head_dim=64, kv_bytes_per_element=2)
@@ -51,3 +51,26 @@ def test_a_built_variant_gives_its_shape(tiny_model_dir):
         assert shape.linear_params == cfg.num_hidden_layers * per_layer + cfg.hidden_size * cfg.vocab_size
         assert (shape.layers, shape.heads, shape.kv_heads, shape.kv_bytes_per_element) == (2, 2, 2, 2)
         assert shape.weight_bytes == decode_weight_bytes(built.model)
+
+
+def test_per_token_decode_cost_shares_the_weights_over_the_batch():
+    from variantlab.explain.roofline import ModelShape, decode_cost, per_token_decode_cost
+    shape = ModelShape(weight_bytes=1000, linear_params=400, layers=2, heads=4, kv_heads=2, head_dim=8,
+                       kv_bytes_per_element=2)
+    one = decode_cost(shape, 10)
+    assert per_token_decode_cost(shape, 10, 1) == one
+    four = per_token_decode_cost(shape, 10, 4)
+    assert four.bytes == 250 + (one.bytes - 1000) and four.flops == one.flops
+    with pytest.raises(ValueError):
+        per_token_decode_cost(shape, 10, 0)
+
+
+def test_per_token_prefill_cost():
+    from variantlab.explain.roofline import ModelShape, per_token_prefill_cost
+    shape = ModelShape(weight_bytes=1000, linear_params=400, layers=2, heads=4, kv_heads=2, head_dim=8,
+                       kv_bytes_per_element=2)
+    c = per_token_prefill_cost(shape, 10, 2)
+    assert c.bytes == 1000 / 20 + 2 * 2 * 2 * 8 * 2                 # weights once a pass; K and V written once
+    assert c.flops == 2 * 400 + 4 * 2 * 4 * 8 * 11 / 2             # causal: (T + 1) / 2 positions on average
+    with pytest.raises(ValueError):
+        per_token_prefill_cost(shape, 0, 1)

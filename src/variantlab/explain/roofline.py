@@ -58,6 +58,27 @@ def decode_cost(shape: ModelShape, context: float) -> StepCost:
     return StepCost(shape.weight_bytes + kv, 2 * shape.linear_params + attention)
 
 
+def per_token_decode_cost(shape: ModelShape, context: float, batch: int = 1) -> StepCost:
+    """One token's share of a decode step of `batch` rows at `context` cached positions each: the
+    weights are read once a step, so each row's token carries 1/batch of them; its KV cache is its own."""
+    if batch < 1:
+        raise ValueError(f"batch must be ≥ 1, not {batch}")
+    one = decode_cost(shape, context)
+    kv = one.bytes - shape.weight_bytes
+    return StepCost(shape.weight_bytes / batch + kv, one.flops)
+
+
+def per_token_prefill_cost(shape: ModelShape, prompt_tokens: float, batch: int = 1) -> StepCost:
+    """One prompt token's share of a prefill of `batch` prompts of `prompt_tokens` each: the weights are
+    read once for the whole pass, each token's K and V written once, 2 FLOPs per weight per token, and
+    causal attention over the tokens before it (on average (T + 1) / 2 positions)."""
+    if prompt_tokens < 1 or batch < 1:
+        raise ValueError(f"prompt_tokens and batch must be ≥ 1, not {prompt_tokens} and {batch}")
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.kv_bytes_per_element
+    attention = 4 * shape.layers * shape.heads * shape.head_dim * (prompt_tokens + 1) / 2
+    return StepCost(shape.weight_bytes / (batch * prompt_tokens) + kv, 2 * shape.linear_params + attention)
+
+
 def roofline(cost: StepCost, seconds: float, read_gbps: float, peak_tflops: float | None) -> Roofline:
     """Where a step of `seconds` stands against the machine's ceilings (peak None: memory only)."""
     for name, value in (("seconds", seconds), ("read_gbps", read_gbps)):
@@ -78,7 +99,7 @@ def model_shape(model, weight_bytes: int) -> ModelShape:
     import torch
     from transformers.pytorch_utils import Conv1D
 
-    from .variants.quant_linear import QuantLinear
+    from ..variants.quant_linear import QuantLinear
     cfg = getattr(model.config, "text_config", None) or model.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

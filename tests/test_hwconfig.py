@@ -1,0 +1,281 @@
+"""The hardware-aware configuration (hwconfig.py): recorded facts of other machines → expected choices;
+the fallback never raises; `recipe: auto` plans and resolves. No wall-clock time is asserted: kernel
+times here are recorded figures, and the real measuring path is only checked for its shape."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from variantlab.device_facts import DeviceFacts, GpuFacts, architecture, isa_features
+from variantlab.errors import RecipeError, VariantlabError
+from variantlab.hwconfig import BATCH_HEAVY, DECODE_HEAVY, Phase, Workload, crossover, hardware_config
+from variantlab.kernel_times import KernelTimes
+
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Recorded on our build CPU (1024→1024, 2 threads, ms), rounded: weight-only wins decode, loses batched.
+RECORDED_MS = {
+    "fp32": (0.158, 0.151, 0.204, 0.306, 0.709, 0.903, 1.276, 2.203, 3.693),
+    "bf16": (0.115, 0.113, 0.134, 0.149, 0.297, 0.344, 0.478, 0.805, 1.402),
+    "int8": (0.060, 0.070, 0.099, 0.151, 0.353, 0.559, 1.007, 1.900, 3.656),
+    "int4": (0.053, 0.055, 0.072, 0.120, 0.221, 0.412, 0.808, 1.591, 3.160),
+    "w8a8": (0.090, 0.089, 0.094, 0.081, 0.464, 0.360, 0.434, 0.786, 1.950),
+}
+
+SPR = ("fpu sse sse2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 avx512_fp16 "
+       "amx_bf16 amx_int8 amx_tile").split()        # Sapphire Rapids
+ZEN4 = "fpu sse sse2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16".split()
+SKYLAKE = "fpu sse sse2 avx avx2 fma avx512f avx512bw".split()
+HASWELL = "fpu sse sse2 avx avx2 fma".split()
+
+
+def kernel_times(ms=RECORDED_MS, compute="bf16", failed=None) -> KernelTimes:
+    return KernelTimes("cpu", 2, 1024, 1024, compute, 64, ROWS,
+                       {p: tuple(t / 1e3 for t in ts) for p, ts in ms.items()}, {p: () for p in ms},
+                       dict(failed or {}), "recorded", 1.0)
+
+
+def cpu(flags, cores=2) -> DeviceFacts:
+    return DeviceFacts("recorded CPU", cores, cores, isa_features(flags))
+
+
+def gpu(capability: str, flags=SPR) -> DeviceFacts:
+    major, minor = (int(x) for x in capability.split("."))
+    return DeviceFacts("recorded CPU", 16, 32, isa_features(flags),
+                       (GpuFacts("recorded GPU", capability, architecture(major, minor), 80 * 2**30, "1", "12"),))
+
+
+@pytest.mark.parametrize("flags, dtype", [(SPR, "bf16"), (ZEN4, "bf16"), (SKYLAKE, "fp32"), (HASWELL, "fp32"),
+                                         ("fp asimd sve".split(), "fp32")])   # an Arm server
+def test_cpu_dtype_follows_native_bf16(flags, dtype):
+    cfg = hardware_config(cpu(flags), None, kernel_times(), DECODE_HEAVY)
+    assert cfg.choice("dtype").value == dtype
+    assert not cfg.fallback
+    assert cfg.choice("TF32").value is False and cfg.choice("fp8").value == "not available"
+    assert cfg.choice("threads").value == 2
+
+
+def test_decode_picks_weight_only_and_batch_picks_past_the_crossover():
+    kt = kernel_times()
+    decode = hardware_config(cpu(SPR), None, kt, DECODE_HEAVY)
+    batch = hardware_config(cpu(SPR), None, kt, BATCH_HEAVY)
+    assert decode.recipe in ("int8", "int4") and decode.options == {"compute_dtype": "bf16"}
+    assert batch.recipe in ("bf16", "w8a8")
+    assert crossover(kt, list(RECORDED_MS)) == 32 == decode.choice("crossover M").value
+    assert decode.choice("decode kernel (M=1)").value == "int4"
+    # every choice says why, with the figures that decided it
+    assert "int4 0.053 ms" in decode.choice("decode kernel (M=1)").reason
+    assert all(c.reason for c in decode.choices)
+    assert decode.summary().startswith(decode.recipe)
+
+
+def test_candidates_narrow_the_choice():
+    cfg = hardware_config(cpu(SPR), None, kernel_times(), DECODE_HEAVY, candidates=("fp32", "bf16"))
+    assert cfg.recipe == "bf16" and cfg.options == {}
+
+
+def test_compile_is_a_rule_that_pays_only_for_long_runs():
+    short = hardware_config(cpu(SPR), None, kernel_times(), DECODE_HEAVY)
+    assert short.compile is False and "rule" in short.choice("compile").reason
+    long = Workload("a server", (Phase("decode, batch 1", 1, 10_000_000),), layers=64)
+    assert hardware_config(cpu(SPR), None, kernel_times(), long).compile is True
+
+
+@pytest.mark.parametrize("cap, dtype, tf32, fp8", [
+    ("8.0", "bf16", True, "not available"),
+    ("8.9", "bf16", True, "available, no fp8 recipe yet"),
+    ("9.0", "bf16", True, "available, no fp8 recipe yet"),
+    ("10.0", "bf16", True, "available, no fp8 recipe yet"),
+    ("12.9", "bf16", True, "available, no fp8 recipe yet"),   # a new minor of a known major: Blackwell
+    ("7.0", "fp16", False, "not available"),
+    ("7.5", "fp16", False, "not available"),
+])
+def test_cuda_capabilities_map_to_dtype_tf32_and_fp8(cap, dtype, tf32, fp8):
+    cfg = hardware_config(gpu(cap), None, kernel_times(compute=dtype), BATCH_HEAVY)
+    assert cfg.device == "cuda:0"
+    assert cfg.choice("dtype").value == dtype
+    assert cfg.choice("TF32").value is tf32
+    assert cfg.choice("fp8").value == fp8
+    assert not cfg.fallback
+
+
+def test_hopper_says_fp8_is_there_but_unused():
+    reason = hardware_config(gpu("9.0"), None, kernel_times(), BATCH_HEAVY).choice("fp8").reason
+    assert "Hopper" in reason and "no variantlab recipe" in reason
+
+
+@pytest.mark.parametrize("facts, device", [
+    (cpu([]), "cpu"),                                    # no instruction-set flags
+    (gpu("13.0"), "cuda:0"),                             # an architecture the table does not know
+    (gpu("9.0"), "cuda:3"),                              # a device the facts do not list
+    ({"cores": 8, "isa": {}, "gpus": [{"name": "x"}]}, "cuda"),   # a GPU with no capability recorded
+    ({"cores": None, "isa": {}, "gpus": []}, None),      # recorded JSON with nothing in it
+])
+def test_unknown_hardware_gets_the_safe_fallback_and_a_note(facts, device):
+    cfg = hardware_config(facts, None, kernel_times(), DECODE_HEAVY, device=device)
+    assert (cfg.recipe, cfg.options, cfg.compile, cfg.fallback) == ("fp32", {}, False, True)
+    assert cfg.choice("dtype").value == "fp32"
+    assert cfg.notes and "fp32" in cfg.notes[0]
+
+
+def test_failed_micro_benchmark_and_untimed_paths_fall_back_or_are_left_out():
+    cfg = hardware_config(cpu(SPR), None, None, DECODE_HEAVY)
+    assert cfg.fallback and cfg.recipe == "fp32" and "could not be measured" in cfg.notes[0]
+    partial = {p: t for p, t in RECORDED_MS.items() if p != "int4"}
+    cfg = hardware_config(cpu(SPR), None, kernel_times(partial, failed={"int4": "no kernel"}), DECODE_HEAVY)
+    assert cfg.recipe == "int8" and any("int4: no kernel" in n for n in cfg.notes)
+
+
+def test_recorded_json_round_trips_through_the_pure_function():
+    facts = json.loads(json.dumps(cpu(SPR).to_json()))
+    kt = json.loads(json.dumps(kernel_times().to_json()))
+    cfg = hardware_config(facts, None, kt, DECODE_HEAVY)
+    assert cfg == hardware_config(cpu(SPR), None, kernel_times(), DECODE_HEAVY)
+    assert json.loads(json.dumps(cfg.to_json()))["recipe"] == cfg.recipe
+
+
+def test_machine_config_never_raises_when_measuring_fails(monkeypatch, tmp_path):
+    from variantlab import hwconfig, kernel_times as kt_mod
+    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
+
+    def broken(*a, **k):
+        raise RuntimeError("no kernels on this machine")
+    monkeypatch.setattr(kt_mod, "measure_kernel_times", broken)
+    ceilings = dataclasses.make_dataclass("C", ["matmul_tflops"])({"fp32": 0.2, "bf16": 0.6})
+    cfg = hwconfig.machine_config(DECODE_HEAVY, inputs=hwconfig.machine_inputs(ceilings=ceilings, shape=(64, 64)))
+    assert cfg.fallback and cfg.recipe == "fp32"
+    assert any("micro-benchmark failed: RuntimeError: no kernels" in n for n in cfg.notes)
+
+
+def test_the_real_measuring_path_times_every_recipe_here():
+    from variantlab.kernel_times import measure_kernel_times
+    kt = measure_kernel_times(128, 256, parameters=128 * 256 * 4, rows=(1, 8, 64), rounds=2, threads=1)
+    assert set(kt.seconds) | set(kt.failed) == {"fp32", "bf16", "int8", "int4", "w8a8", "w4a8"}
+    assert all(len(ts) == 3 and all(t > 0 for t in ts) for ts in kt.seconds.values())
+    assert kt.copies == 4 and kt.threads == 1
+    assert KernelTimes.from_json(json.loads(json.dumps(kt.to_json()))) == kt
+    cfg = hardware_config(cpu(SPR), None, kt, DECODE_HEAVY)
+    assert cfg.recipe in kt.seconds
+
+
+def test_kernel_times_are_cached_per_machine_and_shape(monkeypatch, tmp_path):
+    from variantlab import kernel_times as kt_mod
+    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(kt_mod, "measure_kernel_times", lambda *a, **k: calls.append(a) or kernel_times())
+    first, hit = kt_mod.cached_kernel_times(1024, 1024, threads=2)
+    assert not hit and calls
+    again, hit = kt_mod.cached_kernel_times(1024, 1024, threads=2)
+    assert hit and again == first and len(calls) == 1
+    _, hit = kt_mod.cached_kernel_times(128, 384, threads=2)                # another shape: measured
+    assert not hit and len(calls) == 2
+
+
+# --- recipe: auto in a suite ------------------------------------------------------------------------
+
+SUITE = """
+name: auto-test
+model: {model}
+variants:
+  - name: fp32
+  - name: auto
+    recipe: auto
+{extra}
+workload:
+  dataset: {{generator: structured, n: 8, seed: 0}}
+  scenarios:
+    - {{type: {scenario}}}
+  accuracy: {{samples: 0}}
+"""
+
+
+@pytest.fixture
+def recorded_machine(monkeypatch, tmp_path):
+    """This machine's inputs replaced by recorded ones: an AVX-512 BF16 CPU and RECORDED_MS."""
+    from variantlab import hwconfig
+    monkeypatch.setattr(hwconfig, "machine_inputs", lambda *a, **k: hwconfig.MachineInputs(cpu(SPR), None,
+                                                                                           kernel_times()))
+
+
+def write_suite(tmp_path: Path, scenario="single-stream", extra="", model="builtin:tiny-structured") -> Path:
+    p = tmp_path / "suite.yaml"
+    p.write_text(SUITE.format(model=model, scenario=scenario, extra=extra))
+    return p
+
+
+def test_auto_resolves_at_plan_time_to_a_normal_recipe(recorded_machine, tmp_path):
+    from variantlab.measure.plan import plan_suite_file
+    plan = plan_suite_file(write_suite(tmp_path))
+    v = plan.variant("auto")
+    assert v.definition.recipe in ("int8", "int4", "bf16", "w8a8", "fp32")
+    assert v.definition.recipe != "auto" and v.resolved["recipe"] == "auto"
+    assert v.resolved["resolved_to"] == v.definition.recipe
+    assert v.resolved["summary"].startswith(v.definition.recipe)
+    listed = next(x for x in plan.to_json()["variants"] if x["name"] == "auto")
+    assert listed["resolved"]["config"]["choices"]
+    assert "resolved" not in plan.to_json()["variants"][0]
+
+
+def test_auto_resolves_per_workload_and_keeps_an_explicit_compile(recorded_machine, tmp_path):
+    from variantlab.measure.plan import plan_suite_file
+    extra = "    options: {workload: batch-heavy}\n    compile: true"
+    v = plan_suite_file(write_suite(tmp_path, extra=extra)).variant("auto")
+    assert v.definition.recipe in ("bf16", "w8a8") and v.definition.compile is True
+    v = plan_suite_file(write_suite(tmp_path, extra="    options: {workload: decode-heavy}")).variant("auto")
+    assert v.definition.recipe in ("int8", "int4") and v.definition.compile is False
+
+
+def test_auto_with_options_it_cannot_take_is_one_line_naming_file_and_field(recorded_machine, tmp_path):
+    from variantlab.measure.plan import plan_suite_file
+    for extra in ("    options: {group_size: 64}", "    options: {candidates: [int3]}",
+                  "    options: {workload: sometimes}"):
+        path = write_suite(tmp_path, extra=extra)
+        with pytest.raises(RecipeError) as e:
+            plan_suite_file(path)
+        assert isinstance(e.value, VariantlabError)
+        line = e.value.one_line()
+        assert "\n" not in line and str(path) in line and "variants[1].options" in line
+        assert "recipe 'auto'" in line
+
+
+def test_planning_without_auto_imports_no_torch(tmp_path):
+    import subprocess
+    import sys
+    path = tmp_path / "plain.yaml"
+    path.write_text(SUITE.format(model="builtin:tiny-structured", scenario="single-stream", extra="")
+                    .replace("  - name: auto\n    recipe: auto\n", ""))
+    code = ("import sys; from variantlab.measure.plan import plan_suite_file; "
+            f"plan_suite_file({str(path)!r}); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_recipes_command_lists_auto():
+    from variantlab.variants.registry import RECIPES
+    assert "auto" in RECIPES and RECIPES["auto"].options_model.model_fields.keys() == {"candidates", "workload"}
+
+
+@pytest.mark.slow
+def test_auto_plans_on_this_machine_with_real_measurements(tmp_path, monkeypatch):
+    from variantlab.measure.plan import plan_suite_file
+    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path / "cache"))
+    v = plan_suite_file(write_suite(tmp_path, scenario="offline")).variant("auto")
+    assert v.definition.recipe in ("fp32", "bf16", "int8", "int4", "w8a8", "w4a8")
+    assert v.resolved["config"]["choices"][0]["name"] == "dtype"
+    assert list((tmp_path / "cache" / "hw").glob("kernels-*.json"))
+
+
+def test_a_near_tie_is_called_one():
+    ms = {"bf16": RECORDED_MS["bf16"], "int8": tuple(t * 1.01 for t in RECORDED_MS["bf16"])}
+    reason = hardware_config(cpu(SPR), None, kernel_times(ms), DECODE_HEAVY).choice("recipe").reason
+    assert "near tie with int8" in reason
+    assert "near tie" not in hardware_config(cpu(SPR), None, kernel_times(), DECODE_HEAVY).choice("recipe").reason
+
+
+def test_kernel_times_measured_on_a_busy_machine_say_so():
+    busy = dataclasses.replace(kernel_times(), load_average=5.0)
+    notes = hardware_config(cpu(SPR), None, busy, DECODE_HEAVY).notes
+    assert any("busy machine (load average 5.0 on 2 threads)" in n for n in notes)
+    assert not hardware_config(cpu(SPR), None, kernel_times(), DECODE_HEAVY).notes
