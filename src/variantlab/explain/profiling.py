@@ -3,10 +3,10 @@
 `profile_workload` runs the same requests (the workload's prompts, every one generating exactly
 max_new_tokens: no stop rule, so two variants do the same work) several times without the
 profiler, timing each phase on the host clock (prefill: request start → first token; decode: first
-token → last), then once under `torch.profiler` (CPU activity, and CUDA activity on a GPU) with
-each phase and each marked module's forward inside a `record_function` range. The plain runs give
-the phase times that are attributed; the profiled run gives, per operator, its self time and call
-count, charged to a category by its name and the innermost module region it ran in
+token → last), interleaved with runs under `torch.profiler` (CPU activity, and CUDA activity on a
+GPU) with each phase and each marked module's forward inside a `record_function` range. The plain
+runs give the phase times that are attributed; a profiled run gives, per operator, its self time
+and call count, charged to a category by its name and the innermost module region it ran in
 (explain/categories.py). The profiler's own cost is recorded (profiled − plain), never attributed.
 
 Regions are marked with forward pre/post hooks that open and close a `record_function` range, added

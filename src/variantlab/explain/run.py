@@ -256,7 +256,6 @@ def explain_run(store_path: str | Path, run_id: str, a: str, b: str, *, rounds: 
     from ..measure.runner import stored_comparison
     from ..store import Store
     from ..suite import Suite
-    from .render import explanation_markdown
 
     store_path = Path(store_path)
     if not store_path.exists():
@@ -290,12 +289,22 @@ def explain_run(store_path: str | Path, run_id: str, a: str, b: str, *, rounds: 
     samples = dataset_samples(suite.workload.dataset, base_dir)
     out_dir = Path(row.output_dir or ".") / "explain" / f"{a}-vs-{b}"
     threads = row.environment.get("threads_per_worker") or suite.threads or available_cores()
-    profiles = profile_variants(tuple(targets), profile_tracker(suite, len(samples)), samples, device=suite.device,
-                                threads=threads, seed=suite.seed, rounds=rounds, workdir=out_dir / "jobs",
-                                timeout_s=suite.timeout_s, executor=executor, on_job=on_job)
-    explanation = explain_profiles(a, b, profiles, run_id=row.run_id, comparison=comparison)
-    write_explanation(explanation, out_dir, explanation_markdown)
+    explanation = explain_pair(tuple(targets), suite, samples, threads=threads, rounds=rounds, folder=out_dir,
+                               run_id=row.run_id, comparison=comparison, executor=executor, on_job=on_job)
     return explanation, out_dir
+
+
+def explain_pair(targets: tuple[Target, Target], suite, samples, *, threads: int, folder: Path,
+                 rounds: int = DEFAULT_ROUNDS, run_id: str | None = None, comparison=None, executor=None,
+                 on_job: Callable[[str], None] = lambda label: None) -> Explanation:
+    """Profile targets[0] (A) and targets[1] (B) on the suite's workload, explain B against A, and write
+    explanation.{json,md} into `folder` (the workers' files under folder/jobs). Raises ExplainFailed."""
+    profiles = profile_variants(targets, profile_tracker(suite, len(samples)), samples, device=suite.device,
+                                threads=threads, seed=suite.seed, rounds=rounds, workdir=folder / "jobs",
+                                timeout_s=suite.timeout_s, executor=executor, on_job=on_job)
+    explanation = explain_profiles(targets[0].name, targets[1].name, profiles, run_id=run_id, comparison=comparison)
+    write_explanation(explanation, folder)
+    return explanation
 
 
 def finite(obj):
@@ -309,7 +318,8 @@ def finite(obj):
     return obj
 
 
-def write_explanation(explanation: Explanation, out_dir: Path, markdown: Callable[[Explanation, bool], str]) -> None:
+def write_explanation(explanation: Explanation, out_dir: Path) -> None:
+    from .render import explanation_markdown
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "explanation.json").write_text(json.dumps(finite(explanation.to_json()), indent=2, allow_nan=False))
-    (out_dir / "explanation.md").write_text(markdown(explanation, True))
+    (out_dir / "explanation.md").write_text(explanation_markdown(explanation, True))

@@ -66,7 +66,6 @@ class BenchResult:
     explain_notes: tuple[str, ...] = ()
     resolved: dict = field(default_factory=dict)   # variant → what `recipe: auto` chose and why (its summary)
 
-
     def to_json(self) -> dict:
         out = {"run_id": self.run_id, "suite": self.suite_name, "output_dir": str(self.output_dir),
                "environment": self.environment, "comparison": self.comparison.to_json()}
@@ -221,34 +220,26 @@ def _explain_slower(plan: Plan, builds: dict, comparison: Comparison, out: Path,
                     events: Events) -> tuple[tuple, tuple[str, ...]]:
     """`explain: true`: the explanation of every variant slower than the baseline, against it. A variant whose
     profiling fails, or Ctrl-C while profiling, leaves a note; the measured run is already stored."""
-    from ..explain.render import explanation_markdown
-    from ..explain.run import ExplainFailed, Target, explain_profiles, profile_tracker, profile_variants, \
-        write_explanation
+    from ..explain.run import ExplainFailed, Target, explain_pair
     base = plan.baseline
     slower = slower_than_baseline(comparison)
     if not slower:
         return (), ("explain: no variant was slower than the baseline beyond its interval; nothing to explain",)
-    tracker = profile_tracker(plan.suite, len(plan.samples))
     done, notes = [], []
     for name in slower:
-        folder = out / "explain" / f"{base}-vs-{name}"
         targets = tuple(Target(n, plan.variant(n).definition.to_json(), builds[n].artifact_dir) for n in (base, name))
         try:
-            profiles = profile_variants(targets, tracker, plan.samples, device=plan.suite.device, threads=threads,
-                                        seed=plan.suite.seed, rounds=2, workdir=folder / "jobs",
-                                        timeout_s=plan.suite.timeout_s, executor=executor, on_job=events.on_job)
+            done.append(explain_pair(targets, plan.suite, plan.samples, threads=threads,
+                                     folder=out / "explain" / f"{base}-vs-{name}", run_id=out.name,
+                                     comparison=comparison, executor=executor, on_job=events.on_job))
         except ExplainFailed as e:
             notes.append(f"explain {name}: {e}")
-            continue
         except KeyboardInterrupt:
             kill = getattr(executor, "kill", None)
             if kill:
                 kill()
             notes.append("explain: interrupted; the run itself is complete and stored")
             break
-        explanation = explain_profiles(base, name, profiles, run_id=out.name, comparison=comparison)
-        write_explanation(explanation, folder, explanation_markdown)
-        done.append(explanation)
     return tuple(done), tuple(notes)
 
 

@@ -3,7 +3,7 @@
 Hosted by the worker in jobs of their own (`variantlab explain`, `explain: true`), never beside the
 timed scenarios, so the profiler's cost touches no reported figure. For each workload it is given
 (single-stream: requests one at a time; offline: one batch), it runs explain/profiling.py's
-`profile_workload` (plain timed runs, then one profiled run with modules marked), reads hardware
+`profile_workload` (plain timed runs interleaved with profiled runs, modules marked), reads hardware
 counters over one more plain run (explain/counters.py), and records the model's shape for the
 roofline. Its output has no rows of its own in the comparison table: explain/attribution.py reads it.
 """
