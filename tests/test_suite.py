@@ -284,3 +284,31 @@ def test_json_schema_describes_the_suite():
     assert isinstance(schema, dict)
     assert "variants" in schema["properties"] and "model" in schema["properties"]
     assert "model" in schema.get("required", [])
+
+
+@pytest.mark.parametrize("extra, field, needles", [
+    ("requirements: {preset: fast}\n", "requirements.preset", ("unknown preset 'fast'", "balanced")),
+    ("requirements: {max_e2el_s: {p42: 0.5}}\n", "requirements.max_e2el_s.p42", ("p95",)),
+    ("requirements: {max_e2el_s: {p95: -1}}\n", "requirements.max_e2el_s", ("above 0",)),
+    ("requirements: {objective: fastest}\n", "requirements.objective", ("unknown objective", "throughput")),
+    ("requirements: {objective: {throughput: 0}}\n", "requirements.objective", ("must be above 0",)),
+    ("requirements: {sequence_length: {min: 512, max: 128}}\n", "requirements.sequence_length", ("below min",)),
+    ("requirements: {scenario: server}\n", "requirements.scenario", ("no scenario is named 'server'",)),
+    ("requirements: {max_e2el_p95_s: 1}\n", "requirements.max_e2el_p95_s", ("max_e2el_s",)),
+])
+def test_bad_requirements_name_the_field(tmp_path, extra, field, needles):
+    err = suite_error(write(tmp_path, MINIMAL + extra))
+    assert err.field == field, str(err)
+    for needle in needles:
+        assert needle in str(err), str(err)
+
+
+def test_requirements_with_a_preset_percentiles_and_weights_load():
+    from variantlab.suite import parse_suite
+    suite = parse_suite({"model": "x", "variants": [{"name": "a"}], "requirements": {
+        "preset": "balanced", "max_e2el_s": {"p95": 0.5, "p99": 1}, "objective": {"throughput": 2, "size": 1},
+        "sequence_length": {"max": 2048}, "scenario": "single-stream"}})
+    r = suite.requirements
+    assert r.max_e2el_s == {"p95": 0.5, "p99": 1.0} and r.sequence_length.min == 1 and r.given
+    assert not parse_suite({"model": "x", "variants": [{"name": "a"}],
+                            "requirements": {"slo": {"ttft_s": 1}}}).requirements.given

@@ -131,10 +131,14 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
         err_console.print("interrupted before anything was measured", highlight=False)
         raise typer.Exit(130)
     if as_json:
-        print(json.dumps(result.to_json(), indent=2))
+        from .report.files import results_json_text
+        print(results_json_text(result.to_json()))     # results.json's text: schema variantlab.results/1
         return
     _print_comparison(result.comparison, f"{result.suite_name} — run {result.run_id}", all_rows)
     _print_explanations(result)
+    if result.recommendation is not None:
+        console.print("Recommendation", style="bold")
+        _print_recommendation(result.recommendation)
     console.print(f"wrote {result.output_dir}/report.md, results.json, results.csv; "
                   f"stored run {result.run_id} in {result.store_path} ({result.wall_s:.1f} s)",
                   highlight=False)
@@ -326,19 +330,175 @@ def runs(store: Path = typer.Option(Path("variantlab.sqlite"), help="results sto
 def show(run: str = typer.Argument(..., help="run id (or a unique prefix)"),
          store: Path = typer.Option(Path("variantlab.sqlite"), help="results store (SQLite)"),
          all_rows: bool = typer.Option(False, "--all", help="print every row, not only the headline figures"),
-         markdown: bool = typer.Option(False, "--markdown", help="print the Markdown table (every row)")) -> None:
+         fmt: str = typer.Option("table", "--format", help="table | markdown (every row, with intervals) | json "
+                                 "(results.json's content, schema variantlab.results/1) | csv (one line per metric "
+                                 "and variant)"),
+         markdown: bool = typer.Option(False, "--markdown", help="the same as --format markdown")) -> None:
     """Reprint a stored run's comparison (an interrupted or running run: what it measured so far)."""
     from .measure.runner import stored_comparison
+    from .report.files import results_csv, results_json_text
     from .report.markdown import comparison_markdown
+    from .report.stored import stored_results
     try:
+        fmt = _show_format(fmt, markdown)
         with _open_store(store) as s:
+            if fmt == "json":
+                print(results_json_text(stored_results(s, run)))
+                return
             comparison, row = stored_comparison(s, run)
     except VariantlabError as e:
         _fail(e)
-    if markdown:
+    if fmt == "markdown":
         print(comparison_markdown(comparison))
+    elif fmt == "csv":
+        sys.stdout.write(results_csv(comparison))
+    else:
+        _print_comparison(comparison, f"{row.suite_name} — run {row.run_id} ({row.status})", all_rows)
+
+
+SHOW_FORMATS = ("table", "markdown", "json", "csv")
+
+
+def _show_format(fmt: str, markdown: bool) -> str:
+    """--format checked; --markdown is --format markdown."""
+    fmt = fmt.lower()
+    if fmt not in SHOW_FORMATS:
+        raise VariantlabError(f"unknown format '{fmt}'", field="--format", accepted=" | ".join(SHOW_FORMATS))
+    if markdown and fmt not in ("table", "markdown"):
+        raise VariantlabError(f"--markdown asks for markdown but --format asks for {fmt}", field="--format",
+                              accepted="one of them")
+    return "markdown" if markdown else fmt
+
+
+@app.command()
+def report(run: str = typer.Argument(..., help="run id (or a unique prefix)"),
+           output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file to write (default: "
+                                                 "report.html in the run's folder)"),
+           store: Path = typer.Option(Path("variantlab.sqlite"), help="results store (SQLite)"),
+           requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", help="YAML requirements for "
+                                                       "the recommendation (default: the run's suite's)")) -> None:
+    """Write a stored run's report as one self-contained HTML file (it opens offline and fetches nothing): the
+    comparison table with deltas, charts (accuracy against latency with the Pareto front, latency percentiles,
+    throughput against batch size, latency against prompt length, explain's categories) and the recommendation."""
+    from .report.files import check_output_file, write_page
+    from .report.html import report_html
+    from .report.stored import run_page, stored_recommendation
+    try:
+        if output is not None:
+            check_output_file(output)
+        with _open_store(store) as s:
+            page = run_page(s, run)
+            recommendation = stored_recommendation(s, page.run_id, requirements)
+            folder = s.run(page.run_id).output_dir
+        if output is None and not folder:
+            raise VariantlabError(f"run {page.run_id} has no folder to write report.html into", field="--output",
+                                  accepted="an HTML file path (-o report.html)")
+        path = output if output is not None else Path(folder) / "report.html"
+        write_page(path, report_html(page, recommendation))
+    except VariantlabError as e:
+        _fail(e)
+    console.print(f"wrote {path} (run {page.run_id}, {path.stat().st_size / 2**20:.1f} MiB, self-contained)",
+                  highlight=False, soft_wrap=True)
+
+
+@app.command()
+def recommend(run: str = typer.Argument(..., help="run id (or a unique prefix)"),
+              store: Path = typer.Option(Path("variantlab.sqlite"), help="results store (SQLite)"),
+              requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", help="YAML requirements "
+                                                          "(default: the run's suite's); see `variantlab requirements`"),
+              preset: Optional[str] = typer.Option(None, "--preset", help="a preset on top of the requirements: "
+                                                   "high-precision | balanced | resource-constrained | "
+                                                   "extreme-compression | real-time"),
+              as_json: bool = typer.Option(False, "--json", help="print the recommendation as JSON")) -> None:
+    """The variant of a stored run that meets the requirements: the pick and why, the Pareto front, what each
+    other variant misses and by how much; then the measured selection matrix and attention guideline."""
+    from .advise.matrix import ANALYSIS_GUIDELINE, attention_guideline, selection_matrix
+    from .advise.presets import PRESETS
+    from .advise.recommend import recommend_stored, run_scenarios
+    try:
+        if preset is not None and preset not in PRESETS:
+            raise VariantlabError(f"unknown preset {preset!r}", field="--preset", accepted=" | ".join(PRESETS))
+        with _open_store(store) as s:
+            rec, comparison, row = recommend_stored(s, run, requirements, preset)
+    except VariantlabError as e:
+        _fail(e)
+    scenarios = run_scenarios(row.suite)
+    matrix = selection_matrix(comparison, scenarios)
+    lines, crossovers = attention_guideline(comparison, scenarios)
+    if as_json:
+        print(json.dumps({**rec.to_json(), "run_id": row.run_id, "selection_matrix": [m.to_json() for m in matrix],
+                          "attention": {"lines": lines, "crossovers": [c.to_json() for c in crossovers]}}, indent=2))
         return
-    _print_comparison(comparison, f"{row.suite_name} — run {row.run_id} ({row.status})", all_rows)
+    console.print(f"{escape(row.suite_name)} — run {row.run_id}: recommendation", style="bold", highlight=False)
+    _print_recommendation(rec)
+    _print_matrix(matrix, comparison.baseline)
+    if lines:
+        console.print(f"Attention, measured (the analysis guessed: {ANALYSIS_GUIDELINE})", style="bold",
+                      highlight=False, soft_wrap=True)
+        for line in lines:
+            console.print("  " + escape(line), highlight=False, soft_wrap=True)
+
+
+def _print_recommendation(rec) -> None:
+    for i, line in enumerate(rec.lines()):
+        console.print(("" if i < 2 else "  ") + escape(line), highlight=False, soft_wrap=True,
+                      style="bold" if line.startswith(("pick:", "no pick")) else None)
+
+
+def _print_matrix(matrix, baseline: str) -> None:
+    console.print(f"Selection matrix, measured (accuracy loss and speedup against {baseline}), beside the "
+                  "analysis's guess", style="bold", highlight=False)
+    for line in (m.line() for m in matrix):
+        console.print("  " + escape(line), highlight=False, soft_wrap=True)
+
+
+@app.command("requirements")
+def requirements_cmd(preset: Optional[str] = typer.Argument(None, help="a preset; none: list them")) -> None:
+    """Print a preset as the `requirements:` block it expands into (copy it into a suite and override any field),
+    or list the presets."""
+    from .advise.presets import PRESETS, preset_yaml
+    if preset is None:
+        for name, p in PRESETS.items():
+            console.print(f"[bold]{name}[/]: {escape(p.summary)}", highlight=False, soft_wrap=True)
+        return
+    if preset not in PRESETS:
+        _fail(VariantlabError(f"unknown preset {preset!r}", field="PRESET", accepted=" | ".join(PRESETS)))
+    print(preset_yaml(preset), end="")
+
+
+@app.command()
+def compare(run_a: str = typer.Argument(..., help="the reference run: id or a unique prefix"),
+            run_b: str = typer.Argument(..., help="the run judged against it"),
+            store: Path = typer.Option(Path("variantlab.sqlite"), help="results store (SQLite) of run A"),
+            store_b: Optional[Path] = typer.Option(None, "--store-b", help="results store of run B (default: --store)"),
+            force: bool = typer.Option(False, "--force", help="compare runs whose environments differ on a key field "
+                                       "(CPU, GPU, device, torch/transformers major, Python, threads)"),
+            fail_on_regression: Optional[str] = typer.Option(None, "--fail-on-regression", metavar="PERCENT",
+                                                             help="exit 1 when a metric of a variant is worse in B by "
+                                                             "more than PERCENT (5% or 5) with a verdict"),
+            all_rows: bool = typer.Option(False, "--all", help="print every row, not only the headline figures and "
+                                          "the rows that changed"),
+            as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON "
+                                         "(schema variantlab.compare/1)")) -> None:
+    """Compare run B with run A, variant by variant: B/A per metric with its interval, and a verdict ("1.23x
+    slower", "not significant") only when the change clears both the interval and the runs' own noise."""
+    from .advise.compare import blocks, compare_stored, parse_threshold, regressions
+    try:
+        threshold = None if fail_on_regression is None else parse_threshold(fail_on_regression)
+        with _open_store(store) as sa:
+            if store_b is None or store_b == store:
+                result = compare_stored(sa, run_a, sa, run_b, force=force)
+            else:
+                with _open_store(store_b) as sb:
+                    result = compare_stored(sa, run_a, sb, run_b, force=force)
+    except VariantlabError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(result.to_json(threshold), indent=2))
+    else:
+        _print_blocks(blocks(result, threshold, all_rows))
+    if threshold is not None and regressions(result, threshold):
+        raise typer.Exit(1)
 
 
 @dataset_app.command("make")

@@ -1,7 +1,8 @@
 """The environment fingerprint stored with every run: what machine and software measured it.
 
 `host_fingerprint` needs no torch (the CLI process); `torch_fingerprint` is taken inside each
-worker, where torch is loaded, and adds threads, device, GPU and driver.
+worker, where torch is loaded, and adds threads, device, GPU and driver. `key_fingerprint` is what
+two runs must share to be compared (`variantlab compare`), `other_differences` the rest, in words.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import platform
 import sys
 from importlib import metadata
+from typing import Sequence
 
 _INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16",
                       "amx_int8", "amx_fp16", "fma", "f16c", "asimd", "sve")
@@ -64,9 +66,48 @@ def torch_fingerprint(device: str, seed: int) -> dict:
     return info
 
 
-def comparable(a: dict, b: dict) -> str | None:
-    """None when two host fingerprints describe the same machine and software; else why not."""
-    for key in ("cpu_model", "cpu_count", "packages"):
-        if a.get(key) != b.get(key):
-            return f"{key} differs: {a.get(key)} vs {b.get(key)}"
-    return None
+# ------------------------------------------------------------------ comparing two runs' environments
+
+KEY_FIELDS = ("CPU model", "GPU", "device", "torch (major)", "transformers (major)", "Python (major.minor)",
+              "torch threads")
+"""The fields two runs must share to be compared (variantlab compare); the rest only warn."""
+
+
+def _release(version: str | None, parts: int) -> str | None:
+    return None if not version else ".".join(str(version).split("+")[0].split(".")[:parts])
+
+
+def key_fingerprint(run_env: dict, measured: Sequence[dict]) -> dict[str, str | None]:
+    """KEY_FIELDS → value (None: not recorded) of a run: `run_env` is its host fingerprint, `measured` the
+    environment of each of its good measurements (the worker's torch_fingerprint). Several values (two
+    devices in one run) read joined: "cpu, cuda"."""
+    def joined(key: str) -> str | None:
+        return ", ".join(sorted({str(e[key]) for e in measured if e.get(key) is not None})) or None
+    packages = run_env.get("packages") or {}
+    per_worker = run_env.get("threads_per_worker")
+    return {"CPU model": run_env.get("cpu_model"),
+            "GPU": joined("gpu") or ("none" if measured else None),
+            "device": joined("device"),
+            "torch (major)": _release(packages.get("torch"), 1),
+            "transformers (major)": _release(packages.get("transformers"), 1),
+            "Python (major.minor)": _release(run_env.get("python"), 2),
+            "torch threads": joined("threads") or (None if per_worker is None else str(per_worker))}
+
+
+def other_differences(run_env_a: dict, run_env_b: dict, measured_a: Sequence[dict],
+                      measured_b: Sequence[dict]) -> list[str]:
+    """What else differs between two runs' environments ("packages.torch: 2.13.0 vs 2.13.1"): full
+    versions, core count, memory, flags, environment variables, driver; worth saying, not refusing."""
+    def flat(env: dict, measured: Sequence[dict]) -> dict[str, object]:
+        out = {}
+        for k, v in env.items():
+            if k in ("rounds", "threads_per_worker", "cpu_model"):
+                continue
+            out |= {f"{k}.{k2}": v2 for k2, v2 in v.items()} if isinstance(v, dict) else {k: v}
+        for k in ("interop_threads", "cuda", "driver", "capability"):
+            vals = sorted({str(e[k]) for e in measured if e.get(k) is not None})
+            if vals:
+                out[k] = ", ".join(vals)
+        return out
+    a, b = flat(run_env_a, measured_a), flat(run_env_b, measured_b)
+    return [f"{k}: {a.get(k)} vs {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]

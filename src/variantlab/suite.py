@@ -103,17 +103,82 @@ class SLOSpec(_Frozen):
     e2el_s: float | None = Field(None, gt=0)
 
 
-class Requirements(_Frozen):
-    """What the chosen variant must meet (used by `recommend`; SLOs also give goodput)."""
+Percentile = Literal["p50", "p90", "p95", "p99", "mean"]
 
-    min_accuracy_retention: float | None = Field(None, ge=0)
-    max_kld: float | None = Field(None, ge=0)
+
+class SequenceRange(_Frozen):
+    """Prompt lengths the deployment must serve: latency limits also hold at every swept length inside."""
+
+    min: int = Field(1, ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SequenceRange":
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        return self
+
+
+Objective = Union[str, dict[str, float]]
+
+
+class Requirements(_Frozen):
+    """What the chosen variant must meet, and what to optimize among those that do (`variantlab recommend`).
+
+    A preset (`variantlab requirements PRESET` prints it) fills every field left unset here; SLOs also
+    give the goodput rows. Latency limits read `scenario` (default: the first scenario with that row)."""
+
+    preset: str | None = Field(None, description="high-precision | balanced | resource-constrained | "
+                                                  "extreme-compression | real-time")
+    min_task_accuracy: float | None = Field(None, ge=0, le=1, description="exact-match accuracy, 0–1")
+    min_accuracy_retention: float | None = Field(None, ge=0, description="task accuracy ÷ the baseline's")
+    max_kld: float | None = Field(None, ge=0, description="mean KL divergence from the baseline, nats")
     max_ppl_ratio: float | None = Field(None, ge=0)
-    max_e2el_p95_s: float | None = Field(None, gt=0)
-    max_ttft_p95_s: float | None = Field(None, gt=0)
-    min_output_throughput: float | None = Field(None, gt=0)
-    max_peak_memory_mb: float | None = Field(None, gt=0)
+    max_e2el_s: dict[Percentile, float] | None = Field(None, description="per-request latency limits, e.g. "
+                                                                          "{p95: 0.5}")
+    max_ttft_s: dict[Percentile, float] | None = Field(None, description="time-to-first-token limits, e.g. {p95: 0.1}")
+    max_tpot_s: dict[Percentile, float] | None = Field(None, description="time-per-output-token limits, e.g. "
+                                                                          "{p50: 0.02}")
+    min_output_throughput: float | None = Field(None, gt=0, description="tok/s of the throughput scenario")
+    min_goodput: float | None = Field(None, gt=0, description="req/s meeting every SLO")
+    max_peak_memory_mib: float | None = Field(None, gt=0, description="peak memory of the measuring process")
+    max_model_size_mib: float | None = Field(None, gt=0, description="weights as stored")
+    sequence_length: SequenceRange | None = Field(None, description="{min, max} prompt tokens to serve")
+    scenario: str | None = Field(None, description="the scenario whose latency rows the limits read")
+    throughput_scenario: str | None = Field(None, description="the scenario whose throughput the limit reads")
+    objective: Objective | None = Field(None, description="what to optimize among the variants that pass: "
+                                                          "latency | e2el_p95 | ttft_p95 | tpot_p50 | throughput | "
+                                                          "goodput | memory | size | accuracy | cold_start, "
+                                                          "or weights {throughput: 1, size: 0.5}")
     slo: SLOSpec = SLOSpec()
+
+    @field_validator("max_e2el_s", "max_ttft_s", "max_tpot_s")
+    @classmethod
+    def _positive_limits(cls, v: dict | None) -> dict | None:
+        if v is not None and any(not (x > 0) for x in v.values()):
+            raise ValueError("every latency limit must be a number of seconds above 0")
+        return v
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        from .advise.presets import PRESETS
+        if v is not None and v not in PRESETS:
+            raise ValueError(f"unknown preset {v!r}; accepted: {' | '.join(PRESETS)}")
+        return v
+
+    @field_validator("objective")
+    @classmethod
+    def _known_objective(cls, v: Objective | None) -> Objective | None:
+        from .advise.objectives import check_objective
+        if v is not None:
+            check_objective(v)
+        return v
+
+    @property
+    def given(self) -> bool:
+        """True when anything beyond the SLOs is set: then `bench` ends with a recommendation."""
+        return any(getattr(self, f) is not None for f in type(self).model_fields if f != "slo")
 
 
 class OutputSpec(_Frozen):
@@ -206,6 +271,11 @@ def _check_names(suite: Suite, file: str) -> None:
                              file=file, field=f"workload.scenarios[{i}].name",
                              accepted="a name no other scenario has (name: …), not " + ", ".join(RESERVED_NAMES))
         seen.append(n)
+    for key in ("scenario", "throughput_scenario"):
+        chosen = getattr(suite.requirements, key)
+        if chosen is not None and chosen not in seen:
+            raise SuiteError(f"no scenario is named '{chosen}'", file=file, field=f"requirements.{key}",
+                             accepted=" | ".join(seen))
     if suite.baseline is not None and suite.baseline not in names:
         raise SuiteError(f"baseline '{suite.baseline}' is not a variant", file=file, field="baseline",
                          accepted=" | ".join(names))
@@ -237,8 +307,8 @@ def _loc_to_path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in SCENARIO_SPECS:
-            continue  # the discriminator tag pydantic inserts; the user never wrote it as a key
+        elif part in SCENARIO_SPECS or part == "[key]":
+            continue  # tags pydantic inserts (a scenario's discriminator, a mapping's key); the user never wrote them
         else:
             out += ("." if out else "") + str(part)
     return out

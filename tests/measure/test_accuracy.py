@@ -158,3 +158,16 @@ def test_task_accuracy_and_retention():
         task_accuracy([], [])
     assert accuracy_retention(0.45, 0.9) == pytest.approx(0.5)
     assert accuracy_retention(0.3, 0.0) is None
+
+
+def test_retention_interval_is_paired_over_the_graded_samples():
+    from variantlab.measure.accuracy import retention_interval
+    base = [True] * 90 + [False] * 10
+    one_lost = [True] * 89 + [False] * 11        # the variant loses exactly one answer the baseline had
+    low, high = retention_interval(base, one_lost)
+    assert low < 89 / 90 <= high <= 1.0          # pairing: it never gains one, so the interval stops at 1
+    swapped = [False] + [True] * 89 + [True] + [False] * 9   # loses one, gains another: same accuracy
+    low2, high2 = retention_interval(base, swapped)
+    assert low2 < 1.0 < high2
+    assert retention_interval([False, False], [True, False]) is None      # the baseline got none right
+    assert retention_interval(base, base) == (1.0, 1.0)

@@ -307,3 +307,46 @@ def test_one_value_per_round_intervals_cover_their_confidence_with_few_rounds():
         boot_hits += lo <= 10.0 <= hi
     assert hits / sims >= 0.93
     assert boot_hits / sims < 0.90          # what the bootstrap alone gave: the reason for the hull
+
+
+# --------------------------------------------------------------------------- unpaired_delta
+
+def test_unpaired_delta_of_a_run_against_itself_always_straddles_zero():
+    rng = np.random.default_rng(0)
+    runs = [list(rng.lognormal(0, 0.2, 30) * (1 + 0.05 * rng.standard_normal())) for _ in range(4)]
+    d = rd.unpaired_delta(runs, runs)
+    assert d.pct == 0.0 and d.low < 0 < d.high and d.significant is False
+    assert d.method == "unpaired over 4 and 4 rounds" and d.rounds == 4
+
+
+def test_unpaired_delta_covers_welchs_interval_on_log_round_statistics():
+    a = [[1.0, 1.1, 0.9], [1.2, 1.3, 1.1], [0.95, 1.0, 1.05]]
+    b = [[1.5, 1.6, 1.4], [1.45, 1.5, 1.55]]
+    d = rd.unpaired_delta(a, b, stats.median)
+    la, lb = np.log([1.0, 1.2, 1.0]), np.log([1.5, 1.5])
+    va, vb = la.var(ddof=1) / 3, lb.var(ddof=1) / 2
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 1)
+    half = student_t_quantile(0.975, df) * math.sqrt(va + vb)
+    diff = lb.mean() - la.mean()
+    assert d.low <= math.expm1(diff - half) * 100 + 1e-9 and d.high >= math.expm1(diff + half) * 100 - 1e-9
+    assert d.pct == pytest.approx(100 * (1.5 / 1.05 - 1))      # pooled medians, not the per-round ones
+
+
+def test_unpaired_delta_finds_a_clear_shift():
+    rng = np.random.default_rng(1)
+    a = [list(rng.normal(1.0, 0.01, 20)) for _ in range(3)]
+    b = [list(rng.normal(1.3, 0.01, 20)) for _ in range(3)]
+    d = rd.unpaired_delta(a, b)
+    assert d.significant is True and 25 < d.low < d.pct < d.high < 35
+
+
+def test_unpaired_delta_gives_no_interval_without_round_noise_or_positive_statistics():
+    one = rd.unpaired_delta([[1.0, 2.0]], [[1.0, 2.0], [1.5, 2.5]])
+    assert one.significant is None and one.low is None and "one round in A" in one.problem and one.pct is not None
+    assert rd.unpaired_delta([], [[1.0]]).pct is None
+    negative = rd.unpaired_delta([[-1.0, 1.0], [-1.0, 2.0]], [[1.0], [2.0]], stats.mean)
+    assert negative.low is None and "not positive" in negative.problem
+    few = rd.unpaired_delta([[1.0] * 5, [1.0] * 5], [[1.0] * 5, [1.0] * 5], stats.quantile(99), sample_name="requests")
+    assert few.low is None and "too few requests for p99" in few.problem
+    with pytest.raises(ValueError):
+        rd.unpaired_delta([[1.0, float("nan")]], [[1.0]])

@@ -55,7 +55,11 @@ def test_retention_is_the_variants_accuracy_over_the_baselines_on_the_same_sampl
     g = Grading(4)
     base = GradingOutput(ids=("a", "b", "c", "d"), outputs=("",) * 4, correct=(True, True, True, False))
     var = GradingOutput(ids=("a", "b", "c", "d"), outputs=("",) * 4, correct=(True, False, True, False))
-    assert g.compare(base, var, None)["accuracy_retention"] == pytest.approx(2 / 3)
+    retention = g.compare(base, var, None)["accuracy_retention"]
+    assert retention.value == pytest.approx(2 / 3)
+    assert retention.low <= 2 / 3 <= retention.high and retention.high <= 1.0   # the variant never beats it here
+    same = g.compare(base, base, None)["accuracy_retention"]
+    assert (same.value, same.low, same.high) == (1.0, 1.0, 1.0)                # same answers: no doubt at all
     other = var.model_copy(update={"ids": ("a", "b", "c", "e")})
     assert isinstance(g.compare(base, other, None)["accuracy_retention"], Problem)
     none = base.model_copy(update={"correct": (False,) * 4})

@@ -198,3 +198,18 @@ def task_accuracy(predictions: Sequence[str], answers: Sequence[str]) -> float:
 def accuracy_retention(acc_variant: float, acc_baseline: float) -> float | None:
     """task accuracy(variant) / task accuracy(baseline); None when the baseline scored 0."""
     return None if acc_baseline == 0 else acc_variant / acc_baseline
+
+
+def retention_interval(base_correct: Sequence[bool], var_correct: Sequence[bool], confidence: float = 0.95,
+                       resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """Paired percentile-bootstrap interval of accuracy retention, Σ variant correct ÷ Σ baseline correct,
+    resampling the graded samples (the same ones for both). None when the baseline got none right."""
+    base = np.asarray(base_correct, dtype=np.float64)
+    var = np.asarray(var_correct, dtype=np.float64)
+    if base.shape != var.shape or base.size == 0 or base.sum() == 0:
+        return None
+    idx = np.random.default_rng(seed).integers(0, base.size, size=(resamples, base.size))
+    b, v = base[idx].sum(axis=1), var[idx].sum(axis=1)
+    ratios = v[b > 0] / b[b > 0]
+    tail = (1 - confidence) / 2
+    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))

@@ -149,6 +149,36 @@ def _round_samples(d: MetricDef, v: _Variant, tracker_name: str) -> tuple[dict[i
     return rounds, problem
 
 
+@dataclass(frozen=True)
+class RowRounds:
+    """One row's samples by round for every measured variant: what its value and interval come from."""
+
+    key: str                                    # "<tracker>.<metric>", as Row.key
+    metric: MetricDef
+    rounds: dict[str, dict[int, list[float]]]   # variant → round → its finite samples
+    problems: dict[str, str]                    # variant → why samples are missing or were dropped
+
+
+def round_samples(trackers: Sequence, names: Sequence[str], builds: Sequence,
+                  records: Sequence) -> dict[str, RowRounds]:
+    """Per row key of the kinds measured every round ("samples", "process"): each measured variant's
+    finite samples by round, gathered as `analyse` gathers them (advise/compare.py resamples them)."""
+    data = _gather(trackers, tuple(names), builds, records)
+    out = {}
+    for t in trackers:
+        for d in t.metrics():
+            if d.kind not in ("samples", "process"):
+                continue
+            rounds, problems = {}, {}
+            for n, v in data.items():
+                if v.status == "ok":
+                    rounds[n], problem = _round_samples(d, v, t.name)
+                    if problem:
+                        problems[n] = problem
+            out[f"{t.name}.{d.key}"] = RowRounds(f"{t.name}.{d.key}", d, rounds, problems)
+    return out
+
+
 def _samples(d: MetricDef, output) -> Sequence[float] | Problem:
     """d's samples from one output; a failed tracker's output, or arithmetic that overflows, is a Problem."""
     if isinstance(output, Problem):
@@ -255,6 +285,9 @@ def _cell(t, d: MetricDef, v: _Variant, versus: dict) -> tuple[Estimate | None, 
             return None, {}
         if isinstance(value, Problem):
             return _problem(d.unit, value.text), {}
+        if isinstance(value, Estimate):    # the tracker gave an interval of its own (paired over samples)
+            ok = value.value is not None and math.isfinite(value.value)
+            return (value if ok else _problem(d.unit, f"{value.value} (not finite)")), {}
         if not math.isfinite(float(value)):
             return _problem(d.unit, f"{float(value)} (not finite)"), {}
         return Estimate(value=float(value), low=None, high=None, n=1, cv=None, unit=d.unit, method="exact"), {}

@@ -15,6 +15,9 @@ draws, and this module never treats them as such when rounds exist:
 - paired_delta: the change of a variant over the baseline from per-round ratios of the statistic,
   a paired t-interval on log ratios (Student 1908; any text on paired designs), so that drift
   both variants shared in a round cancels.
+- unpaired_delta: the change between two runs, whose rounds are not paired (advise/compare.py):
+  each run's statistic resampled by the hierarchical bootstrap, independently, widened by Welch's
+  t-interval on the log per-round statistics.
 
 Quantile statistics (median, stats.quantile(q)) take a fast path in the hierarchical bootstrap:
 no resample is materialised. Each resample's pooled sample is a multinomial draw over the globally
@@ -261,6 +264,17 @@ def _t_interval(values: Sequence[float], confidence: float) -> tuple[float, floa
     return m - half, m + half
 
 
+def _welch_interval(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[float, float]:
+    """Welch's interval of mean(y) - mean(x) (both of size >= 2; df by Welch-Satterthwaite)."""
+    vx, vy = float(x.var(ddof=1)) / x.size, float(y.var(ddof=1)) / y.size
+    d = float(y.mean() - x.mean())
+    if vx + vy == 0.0:
+        return d, d
+    df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
+    half = student_t_quantile((1 + confidence) / 2, max(1.0, df)) * math.sqrt(vx + vy)
+    return d - half, d + half
+
+
 # --------------------------------------------------------------------------- paired deltas
 
 def paired_delta(base_rounds: Rounds, var_rounds: Rounds, statistic: Statistic = median, *,
@@ -330,3 +344,57 @@ def paired_delta(base_rounds: Rounds, var_rounds: Rounds, statistic: Statistic =
     pct, low, high = (math.expm1(x) * 100.0 for x in (m, m - half, m + half))
     return Delta(pct=pct, low=low, high=high, significant=bool(low > 0.0 or high < 0.0),
                  method=f"paired over {p} rounds", rounds=p)
+
+
+# --------------------------------------------------------------------------- unpaired deltas
+
+def unpaired_delta(a_rounds: Rounds, b_rounds: Rounds, statistic: Statistic = median, *,
+                   confidence: float = 0.95, resamples: int = 2000, seed: int = 0,
+                   sample_name: str = "samples") -> Delta:
+    """Percent change of statistic(pooled B) over statistic(pooled A), A and B measured apart.
+
+    Two runs made at different times share no round, so nothing cancels: each side's statistic
+    is resampled on its own by the hierarchical bootstrap (rounds with replacement, then samples
+    within each drawn round: estimate_rounds's), and the interval of log(B* / A*) is widened to
+    cover Welch's t-interval on the difference of the mean log per-round statistics (Welch 1947),
+    for the reason estimate_rounds takes the hull with its t-interval: a percentile bootstrap over
+    2-6 rounds is too narrow. pct, low and high are (ratio - 1) x 100; significant when the
+    interval excludes 0; method "unpaired over Ra and Rb rounds"; rounds is min(Ra, Rb).
+    No interval (significant None, pct alone, a problem saying why) below two non-empty rounds on
+    a side (round-to-round noise unknown), for a quantile with too few pooled samples on a side,
+    or when a statistic is not positive (a ratio needs both sides positive). No samples on a side:
+    everything None. Raises ValueError on NaN/inf (filter them first).
+    """
+    _check_bootstrap_args(confidence, resamples)
+    a = [x for x in _round_arrays(a_rounds, "unpaired_delta A") if x is not None and x.size]
+    b = [x for x in _round_arrays(b_rounds, "unpaired_delta B") if x is not None and x.size]
+    if not a or not b:
+        return Delta(pct=None, low=None, high=None, significant=None,
+                     problem=f"no samples in {'A' if not a else 'B'}")
+    pooled_a, pooled_b = np.concatenate(a), np.concatenate(b)
+    sa, sb = float(statistic(pooled_a)), float(statistic(pooled_b))
+    ra, rb = len(a), len(b)
+    plain = dict(pct=_pct(sa, sb), low=None, high=None, significant=None, rounds=min(ra, rb))
+    if min(ra, rb) < 2:
+        side = " and ".join(s for s, r in (("A", ra), ("B", rb)) if r < 2)
+        return Delta(**plain, method="pooled", problem=f"one round in {side}: its round-to-round noise is unknown")
+    q = quantile_of(statistic)
+    if q is not None:
+        problem = _too_few(statistic, q, min(pooled_a.size, pooled_b.size), confidence, sample_name)
+        if problem is not None:
+            return Delta(**plain, method="pooled", problem=problem)
+    per_a = np.array([statistic(x) for x in a], dtype=np.float64)
+    per_b = np.array([statistic(x) for x in b], dtype=np.float64)
+    if not (sa > 0.0 and sb > 0.0 and np.all(per_a > 0.0) and np.all(per_b > 0.0)):
+        return Delta(**plain, method="pooled", problem="a statistic is not positive, so no ratio interval")
+    rng = np.random.default_rng(seed)
+    boot_a = _hierarchical_distribution(a, statistic, resamples, rng)
+    boot_b = _hierarchical_distribution(b, statistic, resamples, rng)
+    keep = (boot_a > 0.0) & (boot_b > 0.0)
+    low, high = _welch_interval(np.log(per_a), np.log(per_b), confidence)
+    if np.any(keep):
+        b_low, b_high = _interval(np.log(boot_b[keep] / boot_a[keep]), confidence)
+        low, high = min(low, b_low), max(high, b_high)
+    low_pct, high_pct = math.expm1(low) * 100.0, math.expm1(high) * 100.0
+    return Delta(pct=_pct(sa, sb), low=low_pct, high=high_pct, significant=bool(low_pct > 0.0 or high_pct < 0.0),
+                 method=f"unpaired over {ra} and {rb} rounds", rounds=min(ra, rb))

@@ -33,6 +33,11 @@ from .plan import Plan, PlannedVariant, available_cores, plan_suite_file
 from .wire import BuildJob, BuildRecord, MeasureJob, TrackerJob
 
 
+RESULTS_SCHEMA = "variantlab.results/1"
+"""The version of results.json (and of `bench --json`, `show --format json`); report/results.schema.json
+describes it. A change that breaks a reader bumps the number."""
+
+
 class RunInterrupted(Exception):
     """The run was stopped (SIGINT/SIGTERM); what it finished is stored and the run is `interrupted`."""
 
@@ -65,12 +70,16 @@ class BenchResult:
     explanations: tuple = ()          # explain.run.Explanation, with `explain: true`
     explain_notes: tuple[str, ...] = ()
     resolved: dict = field(default_factory=dict)   # variant → what `recipe: auto` chose and why (its summary)
+    recommendation: object = None     # advise.recommend.Recommendation, when the suite has requirements
 
     def to_json(self) -> dict:
-        out = {"run_id": self.run_id, "suite": self.suite_name, "output_dir": str(self.output_dir),
-               "environment": self.environment, "comparison": self.comparison.to_json()}
+        out = {"schema": RESULTS_SCHEMA, "run_id": self.run_id, "suite": self.suite_name,
+               "output_dir": str(self.output_dir), "environment": self.environment,
+               "comparison": self.comparison.to_json()}
         if self.resolved:
             out["resolved"] = dict(self.resolved)
+        if self.recommendation is not None:
+            out["recommendation"] = self.recommendation.to_json()
         if self.explanations or self.explain_notes:
             out["explanations"] = [e.to_json() for e in self.explanations]
             out["explain_notes"] = list(self.explain_notes)
@@ -188,9 +197,14 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
     explanations, explain_notes = (), ()
     if suite.explain:
         explanations, explain_notes = _explain_slower(plan, builds, comparison, out, executor, threads, events)
+    recommendation = None
+    if suite.requirements.given:
+        from ..advise.recommend import recommend
+        recommendation = recommend(comparison, [sc.model_dump() for sc in suite.workload.scenarios],
+                                   suite.requirements)
     result = BenchResult(run_id, suite.name, out, store_file, env, comparison, time.perf_counter() - t0,
                          explanations, explain_notes, {v.name: v.resolved["summary"] for v in plan.variants
-                                                       if v.resolved})
+                                                       if v.resolved}, recommendation)
     from ..report.files import write_reports
     try:
         write_reports(result)
@@ -337,18 +351,26 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
 def stored_comparison(store: Store, run_id: str) -> tuple[Comparison, object]:
     """A stored run's comparison: as saved when it finished, else analysed now from its records
     (an interrupted or running run shows what it measured)."""
-    from .trackers import tracker_from_config
     row = store.run(run_id)
     if row.comparison:
         return Comparison.from_json(row.comparison), row
+    return reanalyse(store, row)[0], row
+
+
+def reanalyse(store: Store, row) -> tuple[Comparison, dict, list]:
+    """A stored run (store.run's row) analysed afresh from its records: its comparison, every row's
+    samples by round per variant (analysis.round_samples) and its measurement records."""
+    from .analysis import round_samples
+    from .trackers import tracker_from_config
     plan = row.plan
     try:
         trackers = [tracker_from_config(t["kind"], t["config"]) for t in plan["trackers"]]
         names = [v["name"] for v in plan["variants"]]
-        comparison = analyse(trackers, names, plan["baseline"], store.records(row.run_id, "build"),
-                             store.records(row.run_id, "measure"), store.blob)
+        builds, records = store.records(row.run_id, "build"), store.records(row.run_id, "measure")
+        comparison = analyse(trackers, names, plan["baseline"], builds, records, store.blob)
+        samples = round_samples(trackers, names, builds, records)
     except (KeyError, TypeError, ValueError) as e:   # a plan or record of another variantlab version
         raise StoreError(f"run {row.run_id} was written by another version of variantlab and cannot be "
                          f"analysed here ({type(e).__name__}: {e})", file=str(store.path),
                          accepted="a run written by this version") from None
-    return comparison, row
+    return comparison, samples, records

@@ -1,11 +1,20 @@
-"""Writing a run's report files: report.md, results.json, results.csv."""
+"""Writing a run's report files: report.md, results.json, results.csv; and the HTML page where asked.
+
+results.json carries "schema": "variantlab.results/1" (measure/runner.RESULTS_SCHEMA); the JSON Schema
+that describes it ships beside this module (results.schema.json, `results_json_schema()`).
+"""
 from __future__ import annotations
 
 import csv
 import io
 import json
+from importlib import resources
+from pathlib import Path
 
+from ..errors import VariantlabError
 from .markdown import report_markdown
+
+RESULTS_SCHEMA_FILE = "results.schema.json"
 
 
 def results_csv(comparison) -> str:
@@ -25,8 +34,43 @@ def results_csv(comparison) -> str:
     return buf.getvalue()
 
 
+def results_json_text(data: dict) -> str:
+    """results.json's text: strict JSON (a non-finite float, which JSON cannot hold, is written as null)."""
+    from ..explain.run import finite
+    return json.dumps(finite(data), indent=2, allow_nan=False)
+
+
+def results_json_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of results.json."""
+    return json.loads(resources.files(__package__).joinpath(RESULTS_SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
 def write_reports(result) -> None:
     out = result.output_dir
     (out / "report.md").write_text(report_markdown(result), encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(result.to_json(), indent=2), encoding="utf-8")
+    (out / "results.json").write_text(results_json_text(result.to_json()), encoding="utf-8")
     (out / "results.csv").write_text(results_csv(result.comparison), encoding="utf-8")
+
+
+def check_output_file(path: Path, option: str = "--output") -> None:
+    """Raise (bad input) unless `path` can be written as a file: its folder exists and is a folder, and it is
+    not a folder itself."""
+    parent = path.parent
+    accepted = "a file path in an existing folder"
+    for p in (parent, *parent.parents):
+        if p.exists() and not p.is_dir():
+            raise VariantlabError(f"{p} is a file, not a folder", file=str(path), field=option, accepted=accepted)
+    if not parent.is_dir():
+        raise VariantlabError(f"folder {parent} does not exist", file=str(path), field=option, accepted=accepted)
+    if path.is_dir():
+        raise VariantlabError("this is a folder, not a file", file=str(path), field=option, accepted=accepted)
+
+
+def write_page(path: Path, text: str, option: str = "--output") -> None:
+    """Write an HTML page (or any text report) to `path`, checked first; an OS error is a one-line error."""
+    check_output_file(path, option)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise VariantlabError(f"cannot write it: {e.strerror}", file=str(path), field=option,
+                              accepted="a writable file path") from None

@@ -41,6 +41,9 @@ def report_markdown(result) -> str:
     ]
     parts += [f"- {line}" for line in status_lines(c, visible_rows(c))]
     parts += [f"- {name}: recipe auto → {summary}" for name, summary in getattr(result, "resolved", {}).items()]
+    recommendation = getattr(result, "recommendation", None)
+    if recommendation is not None:
+        parts += ["", "## Recommendation", ""] + [f"- {line}" for line in recommendation.lines()]
     explanations = getattr(result, "explanations", ())
     notes = getattr(result, "explain_notes", ())
     if explanations or notes:

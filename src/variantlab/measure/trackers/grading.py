@@ -3,7 +3,8 @@
 Every variant answers the same samples (the first `samples` of the dataset; all of them by
 default), in batches, with the workload's stop rules, so that accuracy never depends on which
 scenarios ran or how many requests they sent; the table shows n. Accuracy retention is the
-variant's accuracy over the baseline's on that set. Deterministic: measured once per variant.
+variant's accuracy over the baseline's on that set, with a paired bootstrap interval over the samples
+(which ones a variant gets right is what varies, not the clock). Deterministic: measured once per variant.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ...backends.base import run_requests
 from .. import accuracy as acc
+from ..stats import Estimate
 from ..tracker import MetricDef, Output, Problem, TrackerBase, WorkloadSettings
 from ..scenarios.common import requests_for
 
@@ -72,4 +74,8 @@ class Grading(TrackerBase):
             return {"accuracy_retention": Problem("graded different samples than the baseline")}
         if not base.accuracy:
             return {"accuracy_retention": Problem("the baseline answered no sample correctly")}
-        return {"accuracy_retention": var.accuracy / base.accuracy}
+        interval = acc.retention_interval(base.correct, var.correct)
+        low, high = interval if interval else (None, None)
+        return {"accuracy_retention": Estimate(value=var.accuracy / base.accuracy, low=low, high=high,
+                                               n=len(var.correct), cv=None, unit="ratio",
+                                               method=f"paired bootstrap over {len(var.correct)} samples")}

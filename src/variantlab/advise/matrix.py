@@ -1,0 +1,174 @@
+"""The analysis's two tables of guesses, filled with a run's measurements.
+
+- The selection matrix: for each preset, the variant the measurements pick (advise/recommend.py),
+  its accuracy loss (1 − retention, with its interval; or KLD when the run graded nothing) and its
+  speedup against the run's baseline in each timed scenario, beside the analysis's guessed scheme,
+  loss and speedup. Speedup = baseline time ÷ variant time, from the row's paired delta.
+- The attention guideline: from a length sweep, per phase (prefill, per-token decode), which attention
+  kind is fastest at each swept length, and where each variant with another attention than the
+  baseline's crosses it (its first length from which it is faster, significantly, to the end).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .constraints import swept_lengths
+from .objectives import Scenarios
+from .presets import PRESETS
+from .recommend import recommend
+
+# the row that stands for "how long it takes" in each timed scenario type
+SCENARIO_TIME_ROW = {"single-stream": "e2el_p50", "server": "e2el_p50", "offline": "single_task_latency"}
+ANALYSIS_GUIDELINE = ("short (<512 tokens): standard attention; medium (512–2048): GQA; long (>2048): linear; "
+                      "real-time: sliding window")
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    preset: str
+    pick: str | None
+    why_none: str | None
+    loss: str                       # "0.0% [0.0, 1.6]" or "KLD 0.003"
+    speedups: dict[str, str]        # scenario → "1.42× [1.30, 1.55]"
+    analysis: tuple[str, str, str]  # scheme, loss, speedup as guessed
+
+    def line(self) -> str:
+        """"balanced: int8 — accuracy loss 1.6% [0.0, 4.7]; speedup single-stream 1.42× [1.30, 1.55], …"."""
+        guess = ", ".join(x for x in self.analysis if x)
+        if self.pick is None:
+            return f"{self.preset}: none passes ({self.why_none}) (analysis: {guess})"
+        speed = ", ".join(f"{sc} {x}" for sc, x in self.speedups.items()) or "no timed scenario"
+        return f"{self.preset}: {self.pick} — accuracy loss {self.loss}; speedup {speed} (analysis: {guess})"
+
+    def to_json(self) -> dict:
+        return {"preset": self.preset, "pick": self.pick, "why_none": self.why_none, "accuracy_loss": self.loss,
+                "speedup": self.speedups, "analysis": dict(zip(("scheme", "accuracy_loss", "speedup"), self.analysis))}
+
+
+def selection_matrix(comparison, scenarios: list[dict]) -> list[MatrixRow]:
+    """One row per preset: what this run's measurements pick under it."""
+    from ..suite import Requirements
+    timed = [(s.get("name") or s["type"], SCENARIO_TIME_ROW[s["type"]]) for s in scenarios
+             if s["type"] in SCENARIO_TIME_ROW]
+    rows = {r.key: r for r in comparison.rows}
+    out = []
+    for name, preset in PRESETS.items():
+        rec = recommend(comparison, scenarios, Requirements(preset=name))
+        pick = rec.pick
+        speedups = {sc: _speedup(rows.get(f"{sc}.{key}"), pick, comparison.baseline) for sc, key in timed}
+        why_none = None if pick else (f"closest: {rec.closest}; binding: {rec.binding}" if rec.closest
+                                      else rec.reason)
+        out.append(MatrixRow(name, pick, why_none, _loss(rows, pick),
+                             speedups, (preset.analysis_scheme, preset.analysis_loss, preset.analysis_speedup)))
+    return out
+
+
+def _loss(rows, pick: str | None) -> str:
+    if pick is None:
+        return "—"
+    r = rows.get("grading.accuracy_retention")
+    cell = r.cells.get(pick) if r is not None else None
+    if cell is not None and cell.value is not None:
+        text = f"{100 * (1 - cell.value):.1f}%"
+        if cell.low is not None and cell.high is not None:
+            text += f" [{100 * (1 - cell.high):.1f}, {100 * (1 - cell.low):.1f}]"
+        return text
+    k = rows.get("scoring.kld_mean")
+    cell = k.cells.get(pick) if k is not None else None
+    return f"KLD {cell.value:.3g}" if cell is not None and cell.value is not None else "not measured"
+
+
+def _speedup(row, pick: str | None, baseline: str) -> str:
+    if row is None or pick is None:
+        return "—"
+    if pick == baseline:
+        return "1× (the baseline)"
+    d = row.deltas.get(pick)
+    if d is None or d.pct is None or d.pct <= -100:
+        return "—"
+    text = f"{1 / (1 + d.pct / 100):.2f}×"
+    if d.significant is False:   # its interval spans 1×: the figure is a guess, and says so
+        return text + " n.s."
+    if d.low is not None and d.high is not None and d.high > -100:   # a time ratio's interval, inverted
+        upper = f"{1 / (1 + d.low / 100):.2f}" if d.low > -100 else "∞"
+        text += f" [{1 / (1 + d.high / 100):.2f}, {upper}]"
+    return text
+
+
+# ------------------------------------------------------------------ attention
+
+@dataclass(frozen=True)
+class Crossover:
+    variant: str
+    attention: str
+    phase: str                     # prefill | decode
+    per_length: dict[int, str]     # length → "+12.0%" / "-40.1%" / "+3.0% n.s." against the baseline
+    from_length: int | None        # faster (significantly) from here on; None: not within the sweep
+    text: str
+
+    def to_json(self) -> dict:
+        return {"variant": self.variant, "attention": self.attention, "phase": self.phase,
+                "per_length": {str(k): v for k, v in self.per_length.items()}, "from_length": self.from_length,
+                "text": self.text}
+
+
+def attention_of(comparison, name: str) -> str:
+    return (comparison.builds.get(name) or {}).get("attention") or "sdpa"
+
+
+def attention_guideline(comparison, scenarios: list[dict]) -> tuple[list[str], list[Crossover]]:
+    """The fastest attention kind per swept length and phase, and each crossover against the baseline;
+    ([], []) when the run has no length sweep."""
+    sweeps = Scenarios.of(scenarios).lengths
+    lines: list[str] = []
+    crossovers: list[Crossover] = []
+    rows = {r.key: r for r in comparison.rows}
+    ran = [n for n in comparison.variants if comparison.status.get(n) == "ok"]
+    base = comparison.baseline
+    for sweep in sweeps:
+        lengths = swept_lengths(comparison, sweep)
+        for phase in ("prefill", "decode"):
+            fastest = []
+            for n in lengths:
+                row = rows[f"{sweep}.{phase}_{n}"]
+                timed = [(c.value, v) for v in ran if (c := row.cells.get(v)) is not None and c.value is not None]
+                if timed:
+                    value, v = min(timed)
+                    fastest.append(f"{n}: {attention_of(comparison, v)} ({v})")
+            if fastest:
+                lines.append(f"fastest {phase} by length [{sweep}]: " + "; ".join(fastest))
+            for v in ran:
+                if v == base or attention_of(comparison, v) == attention_of(comparison, base):
+                    continue
+                crossovers.append(_crossover(rows, sweep, phase, lengths, v, base, attention_of(comparison, v),
+                                             attention_of(comparison, base)))
+    lines += [c.text for c in crossovers]
+    return lines, crossovers
+
+
+def _crossover(rows, sweep: str, phase: str, lengths: list[int], v: str, base: str, kind: str,
+               base_kind: str) -> Crossover:
+    per_length, faster = {}, {}
+    for n in lengths:
+        d = rows[f"{sweep}.{phase}_{n}"].deltas.get(v)
+        if d is None or d.pct is None:
+            per_length[n] = "—"
+            faster[n] = False
+            continue
+        per_length[n] = f"{d.pct:+.1f}%" + (" n.s." if d.significant is False else "")
+        faster[n] = d.pct < 0 and d.significant is not False
+    start = None
+    for i, n in enumerate(lengths):
+        if all(faster[m] for m in lengths[i:]):
+            start = n
+            break
+    where = ", ".join(f"{per_length[n]} @{n}" for n in lengths)
+    if start == lengths[0]:
+        verdict = "faster at every swept length"
+    elif start is not None:
+        before = lengths[lengths.index(start) - 1]
+        verdict = f"faster from {start} tokens on (the crossover lies between {before} and {start})"
+    else:
+        verdict = "not faster at the longest swept length" if not faster[lengths[-1]] else "not faster throughout"
+    text = f"{v} ({kind}) {phase} against {base} ({base_kind}): {where}: {verdict}"
+    return Crossover(v, kind, phase, per_length, start, text)
