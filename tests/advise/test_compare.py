@@ -14,7 +14,7 @@ import pytest
 
 from tests.test_cli import assert_one_line_error, run_cli, write_suite
 from variantlab.advise.compare import (MIN_EFFECT, SCHEMA, IncomparableRuns, RunData, blocks, compare_runs,
-                                       judge_rounds, parse_threshold, regressions)
+                                       judge_rounds, machine_drift, parse_threshold, regressions)
 from variantlab.errors import VariantlabError
 from variantlab.explain.render import Text
 from variantlab.measure.analysis import Comparison, Row, RowRounds
@@ -129,8 +129,12 @@ MEASURED = {"torch": "2.13.0+cpu", "threads": 2, "interop_threads": 2, "device":
 SIZE_KEY, TPOT_KEY = "facts.model_size", "single-stream.tpot_p50"
 
 
-def run_data(run_id, tpot: dict, sizes: dict, *, env=None, measured=None, status=None) -> RunData:
-    """A run whose variants have TPOT samples by round and a model size (a fact)."""
+YARDSTICK = MetricDef("small_ops", "Machine yardstick: small torch ops", "s", True, "samples", sample_name="timings")
+
+
+def run_data(run_id, tpot: dict, sizes: dict, *, env=None, measured=None, status=None, machine=None) -> RunData:
+    """A run whose variants have TPOT samples by round and a model size (a fact); `machine`: the
+    yardstick's samples by round, the same for every variant."""
     names = tuple(dict.fromkeys([*tpot, *sizes, *(status or {})]))
     status = {n: "ok" for n in names} | (status or {})
     ok = [n for n in names if status[n] == "ok"]
@@ -141,6 +145,9 @@ def run_data(run_id, tpot: dict, sizes: dict, *, env=None, measured=None, status
     comparison = Comparison(names[0], names, status, {n: None if s == "ok" else "it broke" for n, s in status.items()},
                             rows)
     samples = {TPOT_KEY: RowRounds(TPOT_KEY, TPOT, {n: dict(enumerate(tpot[n])) for n in ok if n in tpot}, {})}
+    if machine is not None:
+        samples["machine.small_ops"] = RowRounds("machine.small_ops", YARDSTICK,
+                                                 {n: dict(enumerate(machine)) for n in ok}, {})
     return RunData(run_id, "suite", "done", env or ENV, (measured or MEASURED,) * 2, comparison, samples, {})
 
 
@@ -316,3 +323,44 @@ def test_compare_bad_input_is_one_line_and_exit_2(tmp_path):
                                   cwd=tmp_path), "nope.sqlite")
     assert_one_line_error(run_cli("compare", "a", "b", "--store", "s.sqlite", "--fail-on-regression", "0.05",
                                   cwd=tmp_path), "--fail-on-regression", "ambiguous")
+
+
+# --------------------------------------------------------------------------- the machine's own change between runs
+
+def test_a_machine_that_ran_slower_in_b_does_not_make_the_variant_slower():
+    """The A/A run pair seen here: the same code, the whole machine 1.5x slower in run B. TPOT is 1.5x
+    and so is the yardstick: no verdict on TPOT; the size (not a timing) still compares exactly."""
+    rng = np.random.default_rng(21)
+    tpot_a, tpot_b = rounds(rng, round_cv=0.01), [[1.5 * x for x in r] for r in rounds(rng, round_cv=0.01)]
+    yard_a = rounds(rng, per_round=5, round_cv=0.01)
+    yard_b = [[1.5 * x for x in r] for r in rounds(rng, per_round=5, round_cv=0.01)]
+    a = run_data("run-a", {"v": tpot_a}, {"v": 100}, machine=yard_a)
+    b = run_data("run-b", {"v": tpot_b}, {"v": 100}, machine=yard_b)
+    rc = compare_runs(a, b)
+    tpot = next(m for m in rc.variants[0].metrics if m.key == TPOT_KEY)
+    assert tpot.verdict == "not significant" and "the machine's own change" in tpot.reason
+    assert rc.machine.band > 0.4 and "1.5" in rc.machine.text
+    assert any(isinstance(t, Text) and t.text.startswith("machine: the fixed yardstick") for t in blocks(rc))
+    # without the machine's drift, the same TPOT samples are 1.5x slower
+    assert judge_rounds(TPOT, tpot_a, tpot_b).verdict == "slower"
+    # a regression beyond the machine's change is still called
+    worse = run_data("run-c", {"v": [[1.5 * x for x in r] for r in tpot_b]}, {"v": 100}, machine=yard_b)
+    assert next(m for m in compare_runs(a, worse).variants[0].metrics if m.key == TPOT_KEY).verdict == "slower"
+
+
+def test_a_steady_machine_leaves_the_noise_band_as_it_was(tight):
+    rng = np.random.default_rng(22)
+    yard = [rounds(rng, per_round=5, round_cv=0.005, sample_cv=0.01) for _ in range(2)]
+    a = run_data("run-a", {"v": tight[0]}, {"v": 100}, machine=yard[0])
+    b = run_data("run-b", {"v": [[1.2 * x for x in r] for r in tight[1]]}, {"v": 100}, machine=yard[1])
+    drift = machine_drift(a, b)
+    assert drift.band is not None and drift.band < 0.05
+    assert next(m for m in compare_runs(a, b).variants[0].metrics if m.key == TPOT_KEY).verdict == "slower"
+
+
+def test_runs_without_a_yardstick_say_so():
+    rng = np.random.default_rng(23)
+    a = run_data("run-a", {"v": rounds(rng)}, {"v": 100})
+    b = run_data("run-b", {"v": rounds(rng)}, {"v": 100}, machine=rounds(rng, per_round=5))
+    drift = machine_drift(a, b)
+    assert drift.band is None and "no machine yardstick in run A" in drift.text

@@ -80,3 +80,9 @@ def test_a_sequence_range_judges_every_swept_length_inside_it():
 def test_a_miss_many_times_the_limit_says_so_in_times():
     kld = Constraint("max_kld", "KLD mean", "scoring.kld_mean", "<=", 0.01, "nats")
     assert judge(kld, est(3.46, unit="nats")).text().endswith("346× the limit")
+
+
+def test_a_minimum_missed_by_everything_says_how_far_short_not_times_the_limit():
+    retention = Constraint("min_accuracy_retention", "Accuracy retention", "grading.accuracy_retention", ">=", 0.97, "")
+    text = judge(retention, est(0.0, unit="")).text()
+    assert text.endswith("100.0% short of the limit") and "×" not in text

@@ -106,8 +106,8 @@ def test_workload_stop_and_length_reach_every_generating_tracker(tmp_path):
 
 def test_standard_trackers_in_order(tmp_path):
     plan = plan_suite_file(write_suite(tmp_path))
-    assert [t.name for t in plan.trackers] == ["cold_start", "single-stream", "memory", "facts", "stability",
-                                               "grading", "scoring"]
+    assert [t.name for t in plan.trackers] == ["cold_start", "machine", "single-stream", "memory", "facts",
+                                               "stability", "grading", "scoring"]
 
 
 @pytest.mark.parametrize("accuracy, grading, scoring", [

@@ -134,3 +134,15 @@ def test_profile_times_both_phases_and_names_its_operators(tiny_lm):
         assert w.counters.reason or w.counters.counts
     assert out.marked_modules > 0 and out.shape["layers"] == model.config.num_hidden_layers
     assert out.ceilings["read_gbps"] > 0 and not out.compiled
+
+
+def test_the_machine_yardstick_times_fixed_work_that_is_not_the_variant():
+    from variantlab.measure.trackers.machine import REPEATS, Machine, MachineOutput, timings
+    out = Machine().run(None)                                  # it needs nothing of the host: not the variant
+    assert len(out.small_ops_s) == len(out.python_s) == REPEATS and min(out.small_ops_s + out.python_s) > 0
+    rows = {d.key: d for d in Machine().metrics()}
+    assert set(rows) == {"small_ops", "python"} and all(d.is_timing and d.headline is None for d in rows.values())
+    assert rows["small_ops"].samples(out) == list(out.small_ops_s)
+    MachineOutput.model_validate(out.model_dump(mode="json"))
+    ticks = iter(range(100))
+    assert timings(lambda: None, repeats=3, clock=lambda: next(ticks)) == (1, 1, 1)   # one untimed pass first

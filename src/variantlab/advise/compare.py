@@ -11,7 +11,11 @@ variant present in both runs is judged by its kind:
   per-round statistics. A verdict needs the whole interval outside the noise band 1 ± noise,
   noise being the larger of the two runs' round-to-round CV of the row for that variant and never
   under MIN_EFFECT: drift between two runs made minutes apart (an A/A comparison) must clear both
-  what the samples allow and what each run's own rounds showed. One round in either run: no verdict.
+  what the samples allow and what each run's own rounds showed. A timing row must also clear the
+  machine's own change between the runs: the B/A of a fixed yardstick that every measurement runs
+  (trackers/machine.py; `machine_drift`), in either direction. Whole minutes of these
+  shared machines run 1.5x slower than others, and no round of one run can cancel that in the
+  other. One round in either run: no verdict.
 - rows measured once ("fact", "versus": sizes, bits per weight, accuracy, KLD) are deterministic:
   the exact ratio and "same", "changed", "better" or "worse", no interval.
 Before any of it, the runs' environments must agree on environment.KEY_FIELDS, or the comparison
@@ -41,7 +45,8 @@ SAMPLED = ("samples", "process")
 CHANGED = ("faster", "slower", "better", "worse", "changed")
 WORSE = ("slower", "worse")
 RULE = ("a verdict needs the whole 95% interval of B/A outside 1 ± noise (noise: the larger round-to-round "
-        f"variation of the row in the two runs, at least {MIN_EFFECT:.0%}); rows measured once compare exactly")
+        f"variation of the row in the two runs, at least {MIN_EFFECT:.0%}, and for timing rows at least the machine's "
+        "own change between the runs, by its yardstick); rows measured once compare exactly")
 
 
 class IncomparableRuns(VariantlabError):
@@ -118,6 +123,23 @@ class VariantChange:
 
 
 @dataclass(frozen=True)
+class MachineDrift:
+    """How much faster or slower the machine itself ran in run B than in run A: the yardstick's B/A
+    (trackers/machine.py), pooled over every variant's measurements. `band` is what a timing row's
+    interval must clear besides the runs' own noise: the larger yardstick's change, either way (1.5x
+    slower or faster: 0.5). A band, not a correction: a variant whose time does not follow the yardstick
+    (memory-bound work, when the machine lost CPU, not bandwidth) would be called faster if its ratio were
+    divided by the yardstick's, so only a change beyond the machine's own is called."""
+
+    ratios: dict[str, tuple[float, float | None, float | None]]   # yardstick row label → (B/A, low, high)
+    band: float | None                        # None: a run lacks the yardstick (or it had one round)
+    text: str
+
+    def to_json(self) -> dict:
+        return {"ratios": {k: list(v) for k, v in self.ratios.items()}, "band": self.band, "text": self.text}
+
+
+@dataclass(frozen=True)
 class RunComparison:
     a: dict                                   # run, suite, status
     b: dict
@@ -125,6 +147,7 @@ class RunComparison:
     environment: tuple[str, ...] = ()         # key fields that differ (compared anyway: forced)
     notes: tuple[str, ...] = ()               # other differences: environment, workload, run status
     confidence: float = CONFIDENCE
+    machine: MachineDrift | None = None
 
     def to_json(self, threshold: float | None = None) -> dict:
         gate = None if threshold is None else {"threshold_pct": round(100 * threshold, 9),
@@ -133,6 +156,7 @@ class RunComparison:
             gate["failed"] = bool(gate["regressions"])
         return {"schema": SCHEMA, "a": self.a, "b": self.b, "confidence": self.confidence, "rule": RULE,
                 "environment": {"differences": list(self.environment), "notes": list(self.notes)},
+                "machine": self.machine.to_json() if self.machine else None,
                 "variants": [v.to_json() for v in self.variants], "gate": gate}
 
 
@@ -168,7 +192,8 @@ def _finite_rounds(rounds: Mapping[int, Sequence[float]] | Sequence[Sequence[flo
 
 
 def judge_rounds(metric: MetricDef, a_rounds, b_rounds, *, key: str | None = None, confidence: float = CONFIDENCE,
-                 resamples: int = 2000, seed: int = 0, estimates: tuple | None = None) -> MetricChange:
+                 resamples: int = 2000, seed: int = 0, estimates: tuple | None = None,
+                 drift: float | None = None) -> MetricChange:
     """One row measured every round in run A and in run B (per round, its samples: a dict round →
     samples or a list of rounds): the ratio B/A, its unpaired interval, and the verdict (module doc).
     Non-finite samples are dropped, and a note says how many. `estimates`: each run's Estimate of
@@ -187,6 +212,9 @@ def judge_rounds(metric: MetricDef, a_rounds, b_rounds, *, key: str | None = Non
     if delta.low is None or delta.high is None:
         return MetricChange(**common, low=None, high=None, verdict="no verdict", reason=delta.problem)
     noise = max([MIN_EFFECT] + [e.round_cv for e in est if e is not None and e.round_cv is not None])
+    rounds_noise = noise
+    if drift is not None and metric.is_timing:   # the machine's own change between the runs (machine_drift)
+        noise = max(noise, drift)
     low, high = 1 + delta.low / 100, 1 + delta.high / 100
     up, down = low > 1 + noise, high < 1 / (1 + noise)
     if up or down:
@@ -194,7 +222,9 @@ def judge_rounds(metric: MetricDef, a_rounds, b_rounds, *, key: str | None = Non
     else:
         verdict = "not significant"
         reason = ("the interval includes 1" if low <= 1 <= high else
-                  f"the interval clears 1 but not the noise band (±{100 * noise:.1f}%)")
+                  f"the interval clears 1 but not the noise band (±{100 * noise:.1f}%)" if noise == rounds_noise else
+                  f"the interval clears 1 but not the machine's own change between the runs (±{100 * noise:.1f}%: "
+                  "its yardstick)")
     return MetricChange(**common, low=low, high=high, verdict=verdict, noise=noise, reason=reason)
 
 
@@ -264,9 +294,43 @@ def compare_runs(a: RunData, b: RunData, *, force: bool = False, seed: int = 0) 
     notes += [f"run {side} is {r.status}: compared what it measured" for side, r in (("A", a), ("B", b))
               if r.status != "done"]
     names = list(dict.fromkeys([*a.comparison.variants, *b.comparison.variants]))
+    drift = machine_drift(a, b, seed)
     return RunComparison({"run": a.run_id, "suite": a.suite, "status": a.status},
                          {"run": b.run_id, "suite": b.suite, "status": b.status},
-                         tuple(_variant(n, a, b, seed) for n in names), tuple(differ), tuple(notes))
+                         tuple(_variant(n, a, b, seed, drift.band) for n in names), tuple(differ), tuple(notes),
+                         machine=drift)
+
+
+YARDSTICK_ROWS = ("machine.small_ops", "machine.python")
+
+
+def machine_drift(a: RunData, b: RunData, seed: int = 0) -> MachineDrift:
+    """The yardstick's B/A in each run pair, every variant's measurements pooled as rounds of one machine."""
+    ratios, reach = {}, []
+    for key in YARDSTICK_ROWS:
+        if key not in a.samples or key not in b.samples:
+            continue
+        metric = a.samples[key].metric
+        pooled = [[list(xs) for v in r.samples[key].rounds.values() for xs in v.values() if xs] for r in (a, b)]
+        delta = unpaired_delta(pooled[0], pooled[1], metric.statistic, seed=seed, sample_name=metric.sample_name)
+        if delta.pct is None:
+            continue
+        ratio = 1 + delta.pct / 100
+        low, high = (None, None) if delta.low is None else (1 + delta.low / 100, 1 + delta.high / 100)
+        ratios[metric.label] = (ratio, low, high)
+        if low is not None and ratio > 0:
+            reach.append(max(ratio - 1, 1 / ratio - 1))
+    if not ratios:
+        missing = " and ".join(side for side, r in (("A", a), ("B", b)) if not set(YARDSTICK_ROWS) & set(r.samples))
+        return MachineDrift({}, None, f"no machine yardstick in run {missing or 'A or B'} (stored before runs had "
+                                      "one): the machine's own change between the runs is not accounted for")
+    band = max(reach) if reach else None
+    parts = [f"{label.split(' (')[0].removeprefix('Machine yardstick: ')} {_r(r)}"
+             + (f" [{_r(lo)}, {_r(hi)}]" if lo is not None else "") for label, (r, lo, hi) in ratios.items()]
+    text = ("machine: the fixed yardstick (work that is not the variant) took B/A " + ", ".join(parts)
+            + (f"; timing verdicts must also clear ±{100 * band:.1f}%" if band is not None else
+               "; one round, so its change is not known"))
+    return MachineDrift(ratios, band, text)
 
 
 def _present(row: Row, name: str) -> bool:
@@ -274,7 +338,7 @@ def _present(row: Row, name: str) -> bool:
     return e is not None and (e.value is not None or bool(e.problem))
 
 
-def _variant(name: str, a: RunData, b: RunData, seed: int) -> VariantChange:
+def _variant(name: str, a: RunData, b: RunData, seed: int, drift: float | None = None) -> VariantChange:
     sa, sb = a.comparison.status.get(name), b.comparison.status.get(name)
     ids = dict(name=name, status_a=sa, status_b=sb, reason_a=a.comparison.reasons.get(name),
                reason_b=b.comparison.reasons.get(name))
@@ -290,7 +354,7 @@ def _variant(name: str, a: RunData, b: RunData, seed: int) -> VariantChange:
         if ra.kind in SAMPLED and key in a.samples and key in b.samples:
             in_a, in_b = a.samples[key], b.samples[key]
             m = judge_rounds(in_a.metric, in_a.rounds.get(name, {}), in_b.rounds.get(name, {}), key=key, seed=seed,
-                             estimates=(ra.cells[name], rb.cells[name]))
+                             estimates=(ra.cells[name], rb.cells[name]), drift=None if key in YARDSTICK_ROWS else drift)
             dropped = tuple(f"run {side}: {s.problems[name]}" for side, s in (("A", in_a), ("B", in_b))
                             if name in s.problems)
             m = replace(m, label=ra.label, notes=m.notes + dropped)
@@ -383,6 +447,8 @@ def blocks(rc: RunComparison, threshold: float | None = None, all_rows: bool = F
     if rc.environment:
         out.append(Text("warning: the environments differ (compared anyway, --force): " + "; ".join(rc.environment)))
     out += [Text(f"note: {n}") for n in rc.notes]
+    if rc.machine is not None:
+        out.append(Text(rc.machine.text))
     for v in rc.variants:
         if not v.compared:
             out.append(Text(f"{v.name}: {_status(v.status_a, v.reason_a, 'A')}, {_status(v.status_b, v.reason_b, 'B')}"

@@ -56,7 +56,8 @@ class Judgement:
         if self.status == FAIL and self.value is None:
             return f"fails {c.text()}: {self.why}"
         if self.status == FAIL:
-            past = "" if self.miss is None else (f", {100 * self.miss:.1f}% past the limit" if self.miss < 1
+            past = "" if self.miss is None else (f", {100 * self.miss:.1f}% short of the limit" if c.op == ">="
+                                                 else f", {100 * self.miss:.1f}% past the limit" if self.miss < 1
                                                  else f", {1 + self.miss:.3g}× the limit")
             return f"misses {c.text()}: {v}{interval}{past}"
         if self.status == UNDECIDED:

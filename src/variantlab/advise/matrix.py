@@ -6,7 +6,9 @@
   loss and speedup. Speedup = baseline time ÷ variant time, from the row's paired delta.
 - The attention guideline: from a length sweep, per phase (prefill, per-token decode), which attention
   kind is fastest at each swept length, and where each variant with another attention than the
-  baseline's crosses it (its first length from which it is faster, significantly, to the end).
+  baseline's crosses it (its first length from which it is faster, significantly, to the end). It is
+  judged against a variant of its own recipe with the baseline's attention when the run has one (the
+  difference is then attention's alone; by the two cells' intervals), else against the baseline.
 """
 from __future__ import annotations
 
@@ -140,23 +142,53 @@ def attention_guideline(comparison, scenarios: list[dict]) -> tuple[list[str], l
             for v in ran:
                 if v == base or attention_of(comparison, v) == attention_of(comparison, base):
                     continue
-                crossovers.append(_crossover(rows, sweep, phase, lengths, v, base, attention_of(comparison, v),
-                                             attention_of(comparison, base)))
+                ref = sibling(comparison, v, ran)
+                crossovers.append(_crossover(rows, sweep, phase, lengths, v, ref, attention_of(comparison, v),
+                                             attention_of(comparison, ref), paired=ref == base))
     lines += [c.text for c in crossovers]
     return lines, crossovers
 
 
+def sibling(comparison, v: str, ran: list[str]) -> str:
+    """What `v`'s attention is judged against: a variant of the same recipe and dtype with the baseline's
+    attention when the run has one (so that the difference is attention's alone, not its quantization's),
+    else the baseline."""
+    base = comparison.baseline
+    mine = comparison.builds.get(v) or {}
+    for other in [base] + [n for n in ran if n != base]:
+        theirs = comparison.builds.get(other) or {}
+        if (other != v and attention_of(comparison, other) == attention_of(comparison, base)
+                and (theirs.get("recipe"), theirs.get("dtype")) == (mine.get("recipe"), mine.get("dtype"))):
+            return other
+    return base
+
+
+def _versus(row, v: str, ref: str, paired: bool) -> tuple[float | None, bool | None]:
+    """(v against ref in %, whether it is a real difference): the paired delta against the baseline, else the
+    two cells' intervals (a difference only when they do not overlap: unpaired, so conservative)."""
+    if paired:
+        d = row.deltas.get(v)
+        return (None, None) if d is None or d.pct is None else (d.pct, d.significant)
+    a, b = row.cells.get(v), row.cells.get(ref)
+    if a is None or b is None or a.value is None or b.value is None or not b.value:
+        return None, None
+    pct = 100 * (a.value / b.value - 1)
+    if None in (a.low, a.high, b.low, b.high):
+        return pct, None
+    return pct, bool(a.high < b.low or a.low > b.high)
+
+
 def _crossover(rows, sweep: str, phase: str, lengths: list[int], v: str, base: str, kind: str,
-               base_kind: str) -> Crossover:
+               base_kind: str, paired: bool = True) -> Crossover:
     per_length, faster = {}, {}
     for n in lengths:
-        d = rows[f"{sweep}.{phase}_{n}"].deltas.get(v)
-        if d is None or d.pct is None:
+        pct, significant = _versus(rows[f"{sweep}.{phase}_{n}"], v, base, paired)
+        if pct is None:
             per_length[n] = "—"
             faster[n] = False
             continue
-        per_length[n] = f"{d.pct:+.1f}%" + (" n.s." if d.significant is False else "")
-        faster[n] = d.pct < 0 and d.significant is not False
+        per_length[n] = f"{pct:+.1f}%" + (" n.s." if significant is False else "")
+        faster[n] = pct < 0 and significant is not False
     start = None
     for i, n in enumerate(lengths):
         if all(faster[m] for m in lengths[i:]):
@@ -170,5 +202,6 @@ def _crossover(rows, sweep: str, phase: str, lengths: list[int], v: str, base: s
         verdict = f"faster from {start} tokens on (the crossover lies between {before} and {start})"
     else:
         verdict = "not faster at the longest swept length" if not faster[lengths[-1]] else "not faster throughout"
-    text = f"{v} ({kind}) {phase} against {base} ({base_kind}): {where}: {verdict}"
+    same = "" if paired else ", the same recipe: attention's share alone"
+    text = f"{v} ({kind}) {phase} against {base} ({base_kind}{same}): {where}: {verdict}"
     return Crossover(v, kind, phase, per_length, start, text)

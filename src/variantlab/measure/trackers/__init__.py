@@ -1,8 +1,8 @@
 """Every tracker a measurement can host, by kind: one line to add one.
 
-`standard_trackers(suite, n_samples)` is the list a bench plan runs, in order: cold start, the suite's
-scenarios, memory (read after them), the variant's facts, the attention-error check, grading and
-scoring (once per variant). The worker rebuilds each from (kind, config) with `tracker_from_config`.
+`standard_trackers(suite, n_samples)` is the list a bench plan runs, in order: cold start, the
+machine's yardstick (trackers/machine.py), the suite's scenarios, memory (read after them), the
+variant's facts, the attention-error check, grading and scoring (once per variant). The worker rebuilds each from (kind, config) with `tracker_from_config`.
 """
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from ..tracker import WorkloadSettings
 from .cold_start import ColdStart
 from .facts import Facts
 from .grading import Grading
+from .machine import Machine
 from .memory import Memory
 from .profile import Profile
 from .scoring import Scoring
 from .stability import DEFAULT_LENGTHS, Stability
 
-TRACKERS = {cls.kind: cls for cls in (*SCENARIOS.values(), ColdStart, Memory, Facts, Stability, Grading, Scoring,
-                                 Profile)}
+TRACKERS = {cls.kind: cls for cls in (*SCENARIOS.values(), ColdStart, Machine, Memory, Facts, Stability, Grading,
+                                 Scoring, Profile)}
 
 
 def tracker_from_config(kind: str, config: dict):
@@ -34,7 +35,7 @@ def standard_trackers(suite, n_samples: int) -> list:
     w = suite.workload
     settings = workload_settings(suite)
     lengths = sorted({n for s in w.scenarios for n in s.context_lengths()}) or list(DEFAULT_LENGTHS)
-    trackers = [ColdStart(), *(scenario_tracker(s, settings) for s in w.scenarios), Memory(), Facts(),
+    trackers = [ColdStart(), Machine(), *(scenario_tracker(s, settings) for s in w.scenarios), Memory(), Facts(),
                 Stability(tuple(lengths))]
     if w.accuracy.graded != 0:
         graded = n_samples if w.accuracy.graded is None else min(w.accuracy.graded, n_samples)
