@@ -76,14 +76,15 @@ class TorchEngine:
             self._vocab = Vocabulary(self.tokenizer, getattr(getattr(self.model, "config", None), "vocab_size", 0))
         return self._vocab
 
-    def _spec(self, req: GenerationRequest) -> StopSpec:
+    def _spec(self, req) -> StopSpec:
         key = (req.stop, req.stop_on_eos)
         if key not in self._specs:
             vocab = self.vocabulary if req.stop else None
             self._specs[key] = build_spec(vocab, req.stop, self.eos_ids if req.stop_on_eos else frozenset())
         return self._specs[key]
 
-    def _stop_rules(self, req: GenerationRequest) -> RequestStop:
+    def stop_rules(self, req) -> RequestStop:
+        """A request's stop rules (EOS, stop strings, max_new_tokens), checked per token: `finish(token)`."""
         spec = self._spec(req)
         return RequestStop(spec, self.vocabulary if spec.needs_text else None, req.max_new_tokens)
 
@@ -93,7 +94,7 @@ class TorchEngine:
         """Greedy-decode `requests` together; yield each token (in request order per step) as it lands."""
         if not requests:
             return
-        rows = [self._stop_rules(r) for r in requests]
+        rows = [self.stop_rules(r) for r in requests]
         prompts = [list(r.prompt_ids) if r.prompt_ids is not None else self.encode(r.prompt) for r in requests]
         if any(not p for p in prompts):
             raise ValueError("a prompt must have at least one token")

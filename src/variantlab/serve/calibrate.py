@@ -1,0 +1,47 @@
+"""A variant's decode-step time at each batch size, measured on this machine at server start.
+
+The adaptive policy switches variant where these curves cross (weight-only int4 is 2-2.5x faster
+than bf16 at one row and ~10x slower at a few dozen on our CPUs: DESIGN.md's kernel table), so
+they are measured, not assumed: for each batch size, that many dummy requests with a prompt of
+`context` tokens are prefilled into the variant's own lane and decoded for WARM + TIMED steps;
+the step time is the fastest timed step (the others carry the machine's noise). The sweep runs
+twice and keeps each size's faster figure: the first pass carries every shape's one-off costs
+(264 ms for a 1.7 ms step, measured). Under a second for the reference model.
+"""
+from __future__ import annotations
+
+import time
+
+from .lane import Lane, Row
+from .policies import StepCost
+from .sampling import SamplingParams
+
+WARM, TIMED = 2, 4
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class _Dummy:
+    def __init__(self, i: int, ids: tuple[int, ...]):
+        self.request_id, self.prompt_ids, self.sampling = f"calibrate-{i}", ids, SamplingParams()
+
+
+def step_cost(lane: Lane, context: int = 64, clock=time.perf_counter, passes: int = 2) -> StepCost:
+    """The lane's decode-step seconds at every power-of-two batch up to its max_rows."""
+    tok = lane.engine.pad_id + 1 if lane.engine.pad_id + 1 < lane.model.config.vocab_size else 0
+    ids = tuple([tok] * max(1, min(context, lane.max_len - WARM - TIMED - 1)))
+    seconds: dict[int, float] = {}
+    for b in [b for _ in range(passes) for b in BATCH_SIZES if b <= lane.max_rows]:
+        lane.start_group([_Dummy(i, ids) for i in range(b)])
+        while not lane.prefill_chunk():
+            pass
+        rows = [row for row, _ in lane.join(lambda req, gen, first: Row(req, None, gen, 0, 0, first))]
+        times = []
+        for i in range(WARM + TIMED):
+            t0 = clock()
+            lane.step()
+            if i >= WARM:
+                times.append(clock() - t0)
+        for row in rows:
+            lane.release(row)
+        seconds[b] = min(times + [seconds.get(b, float("inf"))])
+    return StepCost(lane.name, seconds)

@@ -1,0 +1,218 @@
+"""Batch policies: which variant admits how many waiting requests, decided every engine iteration.
+
+- `single`: one request at a time, in one variant: the baseline every other policy is measured against.
+- `static`: a fixed batch. When the variant is idle it waits until `batch_size` requests are queued or
+  the oldest has waited `max_wait_s`, then runs them together to the end; nobody joins a running batch.
+- `adaptive`: continuous batching that keeps a TPOT SLO and switches variant with load. From each
+  variant's decode-step time measured at each batch size on this machine (serve/calibrate.py), at the
+  current demand (running + waiting requests) it admits into the variant with the highest throughput
+  among batch sizes whose step time stays within the SLO; weight-only int4 wins while the batch is
+  small and bf16 or w8a8 past the crossover, wherever this machine puts it. A measured feedback loop
+  then holds the SLO: when the variant's recent step times pass it, its batch cap shrinks by a
+  quarter, and when they stay under 80% of it with requests waiting, it grows by one. A switch needs
+  the new variant to win by 10% for PATIENCE decisions in a row (no flapping), and is returned with
+  its reason (the engine logs and counts it). The lane switched away from drains: its running
+  requests finish where they started.
+Variants that fail the suite's accuracy floor are never given to a policy (serve/variants.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+PATIENCE = 4            # decisions in a row a new variant must win before the policy switches to it
+MARGIN = 1.10           # … by at least this much throughput
+HEADROOM = 0.8          # the step-time budget is this share of the TPOT SLO (prefill chunks run between steps)
+FEEDBACK_STEPS = 16     # decode steps the feedback loop judges at a time, each set taken under the current cap
+
+
+@dataclass(frozen=True)
+class LaneView:
+    name: str
+    running: int
+    prefilling: int
+    max_rows: int
+    recent_step_s: tuple[float, ...] = ()
+    steps: int = 0                 # decode steps run so far
+
+    @property
+    def busy(self) -> bool:
+        return self.running + self.prefilling > 0
+
+
+@dataclass(frozen=True)
+class LoadView:
+    now: float
+    waiting: int                 # requests queued
+    unpinned: int                # … of which the policy may place (the rest named a variant)
+    oldest_wait_s: float
+    lanes: dict[str, LaneView]
+
+    @property
+    def running(self) -> int:
+        return sum(v.running + v.prefilling for v in self.lanes.values())
+
+
+@dataclass(frozen=True)
+class Decision:
+    admit: dict[str, int]        # lane → how many unpinned waiting requests it takes now
+    switch: dict | None = None   # {"from", "to", "reason", "demand"} when the admitting variant changed
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, view: LoadView) -> Decision: ...
+
+    def deadline(self, view: LoadView) -> float | None:
+        """When to look again with no new arrival (a static batch's wait), on the engine's clock; None: never."""
+
+    def admits_pinned(self, lane: LaneView) -> bool:
+        """Whether a request that names this variant may join it now."""
+
+
+@dataclass
+class SinglePolicy:
+    variant: str
+    name: str = "single"
+
+    def decide(self, view: LoadView) -> Decision:
+        return Decision({self.variant: 0 if view.running else 1})
+
+    def deadline(self, view: LoadView) -> float | None:
+        return None
+
+    def admits_pinned(self, lane: LaneView) -> bool:
+        return not lane.busy
+
+
+@dataclass
+class StaticPolicy:
+    variant: str
+    batch_size: int = 8
+    max_wait_s: float = 0.05
+    name: str = "static"
+
+    def decide(self, view: LoadView) -> Decision:
+        lane = view.lanes[self.variant]
+        ready = view.unpinned >= self.batch_size or view.oldest_wait_s >= self.max_wait_s
+        return Decision({self.variant: self.batch_size if ready and not lane.busy else 0})
+
+    def deadline(self, view: LoadView) -> float | None:
+        return view.now + max(0.0, self.max_wait_s - view.oldest_wait_s)
+
+    def admits_pinned(self, lane: LaneView) -> bool:
+        return not lane.busy
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A variant's decode-step seconds at measured batch sizes; between them, linear interpolation."""
+
+    variant: str
+    seconds: dict[int, float]
+
+    def at(self, batch: int) -> float:
+        sizes = sorted(self.seconds)
+        if batch <= sizes[0]:
+            return self.seconds[sizes[0]]
+        if batch >= sizes[-1]:   # past the last measured size: grow in proportion
+            return self.seconds[sizes[-1]] * batch / sizes[-1]
+        hi = next(s for s in sizes if s >= batch)
+        lo = max(s for s in sizes if s <= batch)
+        if hi == lo:
+            return self.seconds[lo]
+        w = (batch - lo) / (hi - lo)
+        return self.seconds[lo] * (1 - w) + self.seconds[hi] * w
+
+    def cap(self, budget_s: float | None, max_rows: int) -> int:
+        """The largest batch whose step fits the budget (at least 1)."""
+        if budget_s is None:
+            return max_rows
+        fits = [b for b in range(1, max_rows + 1) if self.at(b) <= budget_s]
+        return max(fits) if fits else 1
+
+    def to_json(self) -> dict:
+        return {"variant": self.variant, "seconds": {str(k): v for k, v in sorted(self.seconds.items())}}
+
+
+@dataclass
+class AdaptivePolicy:
+    costs: dict[str, StepCost]               # every variant it may use → its measured step times
+    tpot_slo_s: float | None = None
+    max_rows: int = 32
+    name: str = "adaptive"
+    current: str | None = None
+    caps: dict[str, int] = field(default_factory=dict)
+    _streak: tuple[str | None, int] = (None, 0)
+    _adjusted_at: dict[str, int] = field(default_factory=dict)   # lane → its step count at the last cap change
+
+    def __post_init__(self) -> None:
+        if not self.costs:
+            raise ValueError("the adaptive policy needs at least one variant")
+        budget = None if self.tpot_slo_s is None else self.tpot_slo_s * HEADROOM
+        for name, cost in self.costs.items():
+            self.caps.setdefault(name, cost.cap(budget, self.max_rows))
+        if self.current is None:
+            self.current = max(self.costs, key=lambda n: self.throughput(n, 1))
+
+    def throughput(self, name: str, demand: int) -> float:
+        """Tokens/s of `name` at this demand, within its batch cap."""
+        b = max(1, min(demand, self.caps[name]))
+        return b / self.costs[name].at(b)
+
+    def decide(self, view: LoadView) -> Decision:
+        self._feedback(view)
+        demand = max(1, view.running + view.unpinned)
+        best = max(self.costs, key=lambda n: (self.throughput(n, demand), n == self.current))
+        switch = None
+        if best != self.current and self.throughput(best, demand) >= MARGIN * self.throughput(self.current, demand):
+            streak = self._streak[1] + 1 if self._streak[0] == best else 1
+            self._streak = (best, streak)
+            if streak >= PATIENCE:
+                switch = self._switch(best, demand)
+        else:
+            self._streak = (None, 0)
+        lane = view.lanes[self.current]
+        room = self.caps[self.current] - lane.running - lane.prefilling
+        return Decision({self.current: max(0, room)}, switch)
+
+    def _switch(self, best: str, demand: int) -> dict:
+        old = self.current
+        b_old, b_new = (max(1, min(demand, self.caps[n])) for n in (old, best))
+        reason = (f"demand {demand}: {best} at batch {b_new} gives {self.throughput(best, demand):,.0f} tok/s "
+                  f"({1e3 * self.costs[best].at(b_new):.2f} ms a step), {old} at batch {b_old} "
+                  f"{self.throughput(old, demand):,.0f} tok/s ({1e3 * self.costs[old].at(b_old):.2f} ms a step)")
+        self.current, self._streak = best, (None, 0)
+        return {"from": old, "to": best, "reason": reason, "demand": demand}
+
+    def _feedback(self, view: LoadView) -> None:
+        """Hold the SLO on what the steps really take: shrink the cap by a quarter when the recent p90 step
+        passes it, grow by one when it stays under HEADROOM of it and requests wait."""
+        if self.tpot_slo_s is None:
+            return
+        lane = view.lanes[self.current]
+        if lane.steps - self._adjusted_at.get(lane.name, 0) < FEEDBACK_STEPS:   # judge steps taken under the cap
+            return
+        recent = sorted(lane.recent_step_s[-FEEDBACK_STEPS:])
+        if len(recent) < FEEDBACK_STEPS:
+            return
+        p90 = recent[math.ceil(0.9 * len(recent)) - 1]
+        cap = self.caps[self.current]
+        if p90 > self.tpot_slo_s:
+            self.caps[self.current] = max(1, math.floor(cap * 0.75))
+        elif p90 < HEADROOM * self.tpot_slo_s and view.waiting and lane.running >= cap:
+            self.caps[self.current] = min(self.max_rows, cap + 1)
+        else:
+            return
+        self._adjusted_at[lane.name] = lane.steps
+
+    def deadline(self, view: LoadView) -> float | None:
+        return None
+
+    def admits_pinned(self, lane: LaneView) -> bool:
+        return lane.running + lane.prefilling < self.caps.get(lane.name, lane.max_rows)
+
+
+POLICIES = ("single", "static", "adaptive")
