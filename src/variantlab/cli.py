@@ -501,6 +501,49 @@ def compare(run_a: str = typer.Argument(..., help="the reference run: id or a un
         raise typer.Exit(1)
 
 
+@app.command()
+def serve(suite: Path = typer.Argument(..., help="suite file (YAML): the model, its variants, the requirements"),
+          variants: Optional[str] = typer.Option(None, "--variants", help="comma-separated variants to serve "
+                                                 "(default: all; single and static serve the first)"),
+          policy: str = typer.Option("adaptive", "--policy", help="single | static | adaptive"),
+          host: str = typer.Option("127.0.0.1", help="address to bind (default: loopback only)"),
+          port: int = typer.Option(8000, help="port to listen on"),
+          api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VARIANTLAB_API_KEY",
+                                                help="require Authorization: Bearer KEY on /v1/ routes"),
+          max_batch: int = typer.Option(32, "--max-batch", min=1, help="rows a variant decodes together at most"),
+          batch_size: int = typer.Option(8, "--batch-size", min=1, help="static: the batch it waits for"),
+          max_wait_ms: float = typer.Option(20.0, "--max-wait-ms", min=0, help="static: the longest wait for a batch"),
+          max_queue: int = typer.Option(256, "--max-queue", min=1, help="waiting requests beyond this get 429"),
+          max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="a request's max_tokens at most"),
+          context: int = typer.Option(512, "--context", min=8, help="prompt + output tokens a request may use"),
+          tpot_slo_ms: Optional[float] = typer.Option(None, "--tpot-slo-ms", help="adaptive: the TPOT to keep "
+                                                      "(default: the suite's max_tpot_s, else slo.tpot_s)"),
+          threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads")) -> None:
+    """Serve the suite's variants behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics), batching continuously; `adaptive` switches variant with load."""
+    from .measure.plan import plan_suite_file
+    from .serve.app import ServerLimits
+    from .serve.server import ServeOptions, build_server
+    try:
+        options = ServeOptions(policy=policy, variants=tuple(v.strip() for v in (variants or "").split(",") if v.strip()),
+                               max_batch=max_batch, batch_size=batch_size, max_wait_s=max_wait_ms / 1e3,
+                               max_queue=max_queue, context=context, limits=ServerLimits(max_tokens=max_tokens),
+                               api_key=api_key, threads=threads,
+                               tpot_slo_s=None if tpot_slo_ms is None else tpot_slo_ms / 1e3)
+        plan = plan_suite_file(suite)
+        handle = build_server(plan, options, log=lambda line: err_console.print(escape(line), highlight=False,
+                                                                                 soft_wrap=True))
+    except VariantlabError as e:
+        _fail(e)
+    import uvicorn
+    err_console.print(f"serving {', '.join(handle.engine.lanes)} ({policy}) on http://{host}:{port}/v1"
+                      + (" (bearer key required)" if api_key else ""), highlight=False, soft_wrap=True)
+    try:
+        uvicorn.run(handle.app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    finally:
+        handle.engine.stop()
+
+
 @dataset_app.command("make")
 def dataset_make(n: int = typer.Option(100_000, "--n", min=1, help="number of samples"),
                  seed: int = typer.Option(0, help="generator seed"),

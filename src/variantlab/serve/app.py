@@ -1,0 +1,261 @@
+"""The OpenAI-compatible HTTP API over a serving engine (FastAPI + uvicorn).
+
+Routes: POST /v1/completions and /v1/chat/completions (streamed over SSE or not), GET /v1/models
+(one entry per served variant; a request's `model` may name one, else the policy picks), GET /health,
+GET /metrics (Prometheus). Each route is thin: parse and bound the body, hand a ServeRequest to the
+engine, relay its events. Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`,
+from one place (`ApiError` → `_error`): a malformed body or a bad field 400, a missing or wrong bearer
+key 401 (only with `api_key`), an unknown model 404, a body over `max_body_bytes` 413, a full queue 429
+with Retry-After, an engine that failed 500. A client that disconnects is cancelled: its row is freed
+at the engine's next step.
+
+Prompts: a completion's `prompt` is encoded as the bench engine encodes it (BOS included); a chat's
+messages go through the tokenizer's chat template when it has one, else their texts are joined with
+newlines (the reference model has no template: a user message whose content is the prompt is that
+prompt). Output text is cut before the first stop string and never contains it (serve/detok.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from ..backends.base import FINISH_LENGTH
+from .detok import TextStream
+from .engine import FINISH_ERROR, QueueFull, ServeRequest, StreamEvent
+from .metrics import CONTENT_TYPE
+from .protocol import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk,
+                       completion_body, completion_chunk, new_id, usage_chunk)
+from .sampling import SamplingParams
+
+AUTO_MODELS = ("auto", "variantlab", "")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_tokens: int = 256            # a request's max_tokens above this is refused
+    max_body_bytes: int = 1 << 20    # a body larger than this is refused (413)
+    max_prompt_chars: int = 200_000
+
+
+def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits = ServerLimits(),
+               served_name: str = "variantlab", info: dict | None = None) -> FastAPI:
+    """`engine`: a ServeEngine (or anything with submit, cancel, lanes, metrics); `text`: the variants'
+    shared TorchEngine for encode/decode and the tokenizer."""
+    app = FastAPI(title="variantlab serve", docs_url=None, redoc_url=None)
+    app.state.engine, app.state.text = engine, text
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return _error(e)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):
+        return _error(ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error"))
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            if given != f"Bearer {api_key}":
+                return _error(ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
+                                       code="invalid_api_key"))
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        failed = getattr(engine, "error", None)
+        if failed:
+            return JSONResponse({"status": "error", "error": failed}, status_code=503)
+        return {"status": "ok", "variants": list(engine.lanes), "policy": engine.policy.name,
+                "queue_length": engine.queue_length(), "running": engine.running(), **(info or {})}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
+                                            "owned_by": served_name} for name in engine.lanes]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _parse(request, CompletionRequest, limits)
+        if len(body.prompt) > limits.max_prompt_chars:
+            raise ApiError(400, f"the prompt is longer than {limits.max_prompt_chars} characters", param="prompt")
+        ids = tuple(text.encode(body.prompt))
+        return await _generate(request, body, ids, "prompt", DEFAULT_MAX_TOKENS, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await _parse(request, ChatRequest, limits)
+        ids = tuple(_chat_ids(text, body))
+        if body.max_completion_tokens is not None and body.max_tokens is None:
+            body.max_tokens = body.max_completion_tokens
+        return await _generate(request, body, ids, "messages", None, chat=True)
+
+    async def _generate(request: Request, body, ids: tuple[int, ...], prompt_field: str, default_max: int | None,
+                        chat: bool):
+        body.refuse_unsupported()
+        variant = _variant(engine, body.model)
+        lane = engine.lanes[variant or next(iter(engine.lanes))]
+        room = lane.max_len - len(ids)
+        if room < 1:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context is {lane.max_len}",
+                           param=prompt_field, code="context_length_exceeded")
+        max_tokens = body.max_tokens if body.max_tokens is not None else min(default_max or limits.max_tokens, room)
+        if max_tokens > limits.max_tokens:
+            raise ApiError(400, f"max_tokens {max_tokens} is above this server's limit of {limits.max_tokens}",
+                           param="max_tokens")
+        if max_tokens > room:
+            raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds this server's "
+                                f"context of {lane.max_len} tokens", param="max_tokens",
+                           code="context_length_exceeded")
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        req = ServeRequest(rid, ids, max_tokens, tuple(body.stop), True,
+                           SamplingParams(body.temperature, body.top_p, body.seed), variant)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        try:
+            engine.submit(req, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+        except QueueFull as e:
+            raise ApiError(429, f"the server is busy: {e}", "rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(int(round(e.retry_after_s)))}) from None
+        except ValueError as e:
+            raise ApiError(400, str(e), param=prompt_field) from None
+        stream = TextStream(text.decode, body.stop)
+        if body.stream:
+            return StreamingResponse(_sse(engine, request, queue, stream, rid, len(ids), chat, body.include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await _whole(engine, request, queue, stream, rid, len(ids), chat)
+
+    return app
+
+
+# ------------------------------------------------------------------ helpers
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _parse(request: Request, model, limits: ServerLimits):
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise ApiError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
+    raw = await request.body()
+    if len(raw) > limits.max_body_bytes:
+        raise ApiError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
+def _variant(engine, model: str | None) -> str | None:
+    if model is None or model in AUTO_MODELS:
+        return None
+    if model not in engine.lanes:
+        raise ApiError(404, f"the model {model!r} does not exist here (served: {', '.join(engine.lanes)}, or "
+                            "'auto' to let the policy choose)", param="model", code="model_not_found")
+    return model
+
+
+def _chat_ids(text, body: ChatRequest) -> list[int]:
+    tok = text.tokenizer
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    if getattr(tok, "chat_template", None):
+        out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+    return text.encode("\n".join(m["content"] for m in messages))
+
+
+def _finish_reason(ev: StreamEvent) -> str:
+    return "length" if ev.finish_reason == FINISH_LENGTH else "stop"
+
+
+def _failed(ev: StreamEvent) -> ApiError:
+    return ApiError(500 if ev.finish_reason == FINISH_ERROR else 503, ev.error or "the request ended early",
+                    "server_error")
+
+
+async def _next(request: Request, queue: asyncio.Queue) -> StreamEvent | None:
+    """The next event; None when the client has gone away."""
+    while True:
+        try:
+            return await asyncio.wait_for(queue.get(), timeout=0.25)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                return None
+
+
+async def _whole(engine, request: Request, queue, stream: TextStream, rid: str, n_prompt: int, chat: bool):
+    variant = ""
+    while True:
+        ev = await _next(request, queue)
+        if ev is None:
+            engine.cancel(rid)
+            return Response(status_code=499)
+        variant = ev.variant or variant
+        if ev.token_id is None:
+            raise _failed(ev)
+        stream.push(ev.token_id)
+        if ev.finish_reason is not None:
+            make = chat_body if chat else completion_body
+            return make(rid, variant, stream.text, _finish_reason(ev), n_prompt, len(stream.tokens))
+
+
+async def _sse(engine, request: Request, queue, stream: TextStream, rid: str, n_prompt: int, chat: bool,
+               include_usage: bool):
+    finished = False
+    try:
+        first = True
+        while True:
+            ev = await _next(request, queue)
+            if ev is None:
+                return
+            if ev.token_id is None:
+                finished = True
+                yield _data(_failed(ev).body())
+                return
+            delta = stream.push(ev.token_id)
+            done = ev.finish_reason is not None
+            if done:
+                delta += stream.finish()
+            reason = _finish_reason(ev) if done else None
+            if chat:
+                if first:
+                    yield _data(chat_chunk(rid, ev.variant, {"role": "assistant", "content": ""}, None))
+                if delta or done:
+                    yield _data(chat_chunk(rid, ev.variant, {"content": delta} if delta else {}, reason))
+            elif delta or done:
+                yield _data(completion_chunk(rid, ev.variant, delta, reason))
+            first = False
+            if done:
+                finished = True
+                if include_usage:
+                    obj = "chat.completion.chunk" if chat else "text_completion"
+                    yield _data(usage_chunk(rid, ev.variant, obj, n_prompt, len(stream.tokens)))
+                yield "data: [DONE]\n\n"
+                return
+    finally:
+        if not finished:   # the client went away (or the response was cancelled): free its row
+            engine.cancel(rid)
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

@@ -1,0 +1,139 @@
+"""The OpenAI-compatible request and response bodies the server speaks, as pydantic models.
+
+Only what the server implements is accepted with a meaning; fields a client library sends that do not
+change the output (user, presence_penalty 0, …) are ignored, as vLLM does, and fields that would change
+it and are not implemented (n > 1, logprobs, echo, best_of, a non-zero penalty) are refused with 400
+naming the field, never silently dropped.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_MAX_TOKENS = 16          # OpenAI's default for completions
+
+
+class ApiError(Exception):
+    """An OpenAI-shaped error: status, message, type, param, code (app.py renders it)."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int = 1
+    logprobs: Any = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("a stop sequence must not be empty")
+        return stops
+
+    def refuse_unsupported(self) -> None:
+        for name, bad in (("n", self.n != 1), ("logprobs", self.logprobs not in (None, False, 0)),
+                          ("presence_penalty", self.presence_penalty != 0),
+                          ("frequency_penalty", self.frequency_penalty != 0)):
+            if bad:
+                raise ApiError(400, f"{name} is not supported by this server (accepted: its default)", param=name,
+                               code="unsupported_parameter")
+        extra = self.model_extra or {}
+        for name in ("echo", "best_of", "suffix", "logit_bias", "tools", "functions", "response_format"):
+            if extra.get(name) not in (None, False, 1, {}, []) and not (name == "response_format" and
+                                                                        extra[name] == {"type": "text"}):
+                raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported_parameter")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list):
+            if len(v) != 1:
+                raise ValueError("exactly one prompt per request (a list of one string is accepted)")
+            return v[0]
+        return v
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):   # content parts: only text parts carry text here
+            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(rid: str, model: str, text: str, finish: str | None, prompt_tokens: int, n: int) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            "usage": usage(prompt_tokens, n)}
+
+
+def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+
+
+def chat_body(rid: str, model: str, text: str, finish: str | None, prompt_tokens: int, n: int) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                         "logprobs": None}],
+            "usage": usage(prompt_tokens, n)}
+
+
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+
+def usage_chunk(rid: str, model: str, obj: str, prompt_tokens: int, n: int) -> dict:
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
+            "usage": usage(prompt_tokens, n)}
