@@ -93,6 +93,35 @@ class VariantSpec(_Frozen):
                                               description="linear_state_dtype: fp32 | model, linear_chunk")
     compile: bool = Field(False, description="torch.compile each decoder layer's MLP (dynamic shapes); "
                                              "compile time is reported apart from warm figures")
+    backend: Literal["torch", "openai"] = Field("torch", description="torch: built and run here; openai: an "
+                                                "OpenAI-compatible endpoint at base_url, measured as it serves")
+    base_url: str | None = Field(None, pattern=r"^https?://", description="openai: the endpoint, e.g. "
+                                 "http://127.0.0.1:8000/v1")
+    served_model: str | None = Field(None, description="openai: the `model` to send (default: auto)")
+    api_key_env: str | None = Field(None, description="openai: the environment variable that holds its API key")
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> "VariantSpec":
+        if self.backend == "torch":
+            extra = [k for k in ("base_url", "served_model", "api_key_env") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(extra)} is for backend: openai (this variant's backend is torch)")
+            return self
+        if self.base_url is None:
+            raise ValueError("backend: openai needs base_url (an OpenAI-compatible endpoint, e.g. "
+                             "http://127.0.0.1:8000/v1)")
+        built = [k for k in ("recipe", "options", "model", "weight_dtype", "activation_dtype", "quant_scheme",
+                             "attention", "attention_options", "compile") if k in self.model_fields_set]
+        if built:
+            raise ValueError(f"an endpoint is measured as it serves: {', '.join(built)} cannot apply to backend: "
+                             "openai")
+        return self
+
+    @property
+    def endpoint(self) -> dict | None:
+        if self.backend != "openai":
+            return None
+        return {"base_url": self.base_url, "model": self.served_model, "api_key_env": self.api_key_env}
 
 
 class SLOSpec(_Frozen):
@@ -190,7 +219,8 @@ class Suite(_Frozen):
     """A suite: the model, its variants, the workload and the requirements."""
 
     name: str = "suite"
-    model: str = Field(description="'builtin:tiny-structured' or a local Hugging Face causal-LM directory")
+    model: str | None = Field(None, description="'builtin:tiny-structured' or a local Hugging Face causal-LM "
+                                                "directory (needed unless every variant is an endpoint or has its own)")
     baseline: str | None = Field(None, description="name of the baseline variant (default: the first)")
     variants: list[VariantSpec] = Field(min_length=1)
     workload: Workload = Workload()
@@ -258,6 +288,12 @@ def parse_suite(data: dict, file: str = "<suite>") -> Suite:
 
 
 def _check_names(suite: Suite, file: str) -> None:
+    if suite.model is None:
+        needs = [v.name for v in suite.variants if v.backend == "torch" and v.model is None]
+        if needs:
+            raise SuiteError(f"required field is missing: variant '{needs[0]}' is built from the suite's model",
+                             file=file, field="model", accepted="a model directory or builtin:tiny-structured "
+                             "(or give that variant a model: of its own, or backend: openai)")
     names = [v.name for v in suite.variants]
     for i, n in enumerate(names):
         if n in names[:i]:

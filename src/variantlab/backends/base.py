@@ -64,10 +64,24 @@ class TokenEvent:
     on a request's last token: FINISH_STOP or FINISH_LENGTH."""
 
     index: int
-    token_id: int
+    token_id: int                      # -1 where the backend does not know ids (an HTTP endpoint's text chunk)
     time: float
     finish_reason: str | None = None
     prompt_tokens: int | None = None   # set on each request's first token: its prompt length in tokens
+    text: str | None = None            # the text this event delivered, where the backend gives text, not ids
+
+
+@dataclass(frozen=True)
+class RequestEnd:
+    """The end of request `index` from a backend that reports it apart from its tokens (an HTTP endpoint):
+    how it finished, the endpoint's usage counts, or the error that ended it (a failed request is data)."""
+
+    index: int
+    time: float
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,8 +106,9 @@ class Backend(Protocol):
     tokenizer_id: str     # identifies the tokenizer's files and class (cheap; see scoring for the behavioural id)
     clock: Clock
 
-    def stream(self, requests: Sequence[GenerationRequest]) -> Iterator[TokenEvent]:
-        """Run the requests together (greedy) and yield each token as it is available."""
+    def stream(self, requests: Sequence[GenerationRequest]) -> Iterator[TokenEvent | RequestEnd]:
+        """Run the requests together (greedy) and yield each token as it is available (a backend that
+        reports ends apart, an HTTP endpoint, also yields one RequestEnd per request)."""
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text, special tokens included as the model expects them (BOS)."""
@@ -119,8 +134,12 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
 class _Pending:
     tokens: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
     finish: str | None = None
     prompt_tokens: int | None = None
+    usage_tokens: int | None = None
+    error: str | None = None
+    end: float | None = None
 
 
 def run_requests(backend: Backend, requests: Sequence[GenerationRequest]) -> list[RequestRecord]:
@@ -135,17 +154,25 @@ def run_requests(backend: Backend, requests: Sequence[GenerationRequest]) -> lis
     send = clock()
     for ev in backend.stream(requests):
         p = pending[ev.index]
+        if isinstance(ev, RequestEnd):   # a backend that reports the end apart: usage counts, or the error
+            p.finish, p.error, p.end = ev.finish_reason or p.finish, ev.error, ev.time
+            p.usage_tokens, p.prompt_tokens = ev.completion_tokens, ev.prompt_tokens or p.prompt_tokens
+            continue
         p.tokens.append(ev.token_id)
         p.times.append(ev.time)
+        if ev.text is not None:
+            p.texts.append(ev.text)
         if ev.finish_reason is not None:
             p.finish = ev.finish_reason
         if ev.prompt_tokens is not None:
             p.prompt_tokens = ev.prompt_tokens
-    out = []
-    for req, p in zip(requests, pending):
-        text = cut_at_stop(backend.decode(p.tokens), req.stop).strip() if p.tokens else ""
-        end = p.times[-1] if p.times else clock()
-        n_in = len(req.prompt_ids) if req.prompt_ids is not None else (p.prompt_tokens or 0)
-        out.append(RequestRecord(req.request_id, send, end, tuple(p.times), n_in, text, None,
-                                 tuple(p.tokens), p.finish))
-    return out
+    return [_record(backend, req, p, send) for req, p in zip(requests, pending)]
+
+
+def _record(backend, req: GenerationRequest, p: _Pending, send: float) -> RequestRecord:
+    raw = "".join(p.texts) if p.texts else (backend.decode(p.tokens) if p.tokens else "")
+    text = cut_at_stop(raw, req.stop).strip()
+    end = p.times[-1] if p.times else (p.end if p.end is not None else backend.clock())
+    n_in = len(req.prompt_ids) if req.prompt_ids is not None else (p.prompt_tokens or 0)
+    return RequestRecord(req.request_id, send, end, tuple(p.times), n_in, text, p.error,
+                         tuple(p.tokens) if not p.texts else (), None if p.error else p.finish, p.usage_tokens)

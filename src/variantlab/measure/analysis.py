@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from .rounds import estimate_rounds, paired_delta
 from .stats import Delta, Estimate, exact_delta
-from .tracker import MetricDef, Problem
+from .tracker import NOT_MEASURED, MetricDef, Problem
 
 @dataclass(frozen=True)
 class Row:
@@ -121,8 +121,8 @@ def _gather(trackers, names, builds, records) -> dict[str, _Variant]:
         for o in rec.outputs:
             tracker = by_name.get(o.name)
             if tracker is not None:
-                parsed[o.name] = (Problem(f"{o.name} failed: {o.error}") if o.error is not None
-                                  else tracker.output_model.model_validate(o.data))
+                parsed[o.name] = (Problem(o.error if o.error.startswith(NOT_MEASURED) else f"{o.name} failed: {o.error}")
+                                  if o.error is not None else tracker.output_model.model_validate(o.data))
         v.outputs[rec.round] = parsed
         if rec.ran_once:
             v.once.update({k: p for k, p in parsed.items() if by_name[k].once})

@@ -43,10 +43,11 @@ def ttft(records: Iterable[RequestRecord]) -> list[float]:
 def tpot(records: Iterable[RequestRecord]) -> list[float]:
     """Time per output token after the first: (E2EL - TTFT) / (tokens_out - 1).
 
-    Only successful requests with at least two output tokens have one.
+    Only successful requests with at least two output tokens have one. From an HTTP endpoint the count
+    is the server's usage (one streamed chunk may carry several tokens).
     """
     return [((r.end_time - r.send_time) - (r.token_times[0] - r.send_time)) / (r.tokens_out - 1)
-            for r in _ok(records) if r.tokens_out >= 2]
+            for r in _ok(records) if r.tokens_out >= 2 and r.token_times]
 
 
 def itl(records: Iterable[RequestRecord]) -> list[float]:
@@ -142,7 +143,7 @@ class SLO:
         if self.ttft_s is not None and (not r.token_times
                                         or r.token_times[0] - r.send_time > self.ttft_s):
             return False
-        if self.tpot_s is not None and r.tokens_out >= 2 and tpot([r])[0] > self.tpot_s:
+        if self.tpot_s is not None and r.tokens_out >= 2 and r.token_times and tpot([r])[0] > self.tpot_s:
             return False
         return True
 
@@ -155,6 +156,14 @@ def goodput(records: Iterable[RequestRecord], wall_time: float, slo: SLO) -> flo
 def request_rate(records: Iterable[RequestRecord], wall_time: float) -> float | None:
     """Successful (completed) requests per second of wall time (None if wall_time <= 0)."""
     return _per_second(len(_ok(records)), wall_time)
+
+
+def slo_attainment(records: Iterable[RequestRecord], slo: SLO) -> float | None:
+    """Share of all requests sent (failed and refused ones included) that succeeded and met every SLO, 0..1;
+    None when none were sent. The server scenario's "sustained" test: a rate holds when this reaches its
+    target (0.95 by default)."""
+    records = list(records)
+    return sum(1 for r in _ok(records) if slo.met_by(r)) / len(records) if records else None
 
 
 def error_rate(records: Iterable[RequestRecord]) -> float | None:

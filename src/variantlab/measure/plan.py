@@ -119,12 +119,17 @@ def _calibration(suite: Suite, base_dir: Path, samples: list[dict]) -> list[dict
 
 def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
     """Resolve and check every model and recipe, and load the datasets; raise on bad input."""
-    base_model = resolve_model_path(suite.model, base_dir, file=suite_path, field="model")
-    check_model_dir(base_model, file=suite_path, field="model")
+    base_model = Path(".")
+    if suite.model is not None:
+        base_model = resolve_model_path(suite.model, base_dir, file=suite_path, field="model")
+        check_model_dir(base_model, file=suite_path, field="model")
     samples = dataset_samples(suite.workload.dataset, base_dir)
     planned = []
     for i, v in enumerate(suite.variants):
         field = f"variants[{i}]"
+        if v.endpoint is not None:   # measured as it serves: nothing to build or check here
+            planned.append(PlannedVariant(VariantDefinition(v.name, endpoint=v.endpoint), base_model))
+            continue
         recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)
         path = base_model
         if v.model is not None:

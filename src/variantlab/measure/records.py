@@ -14,7 +14,8 @@ class RequestRecord:
     """One request as a scenario saw it.
 
     token_times holds the time each output token became available on the host (the device was
-    synchronised first), so token_times[0] is the first-token time.
+    synchronised first), so token_times[0] is the first-token time. From an HTTP endpoint it holds the
+    arrival time of each streamed chunk that carried text, and usage_tokens the server's token count.
     """
 
     request_id: str
@@ -26,10 +27,12 @@ class RequestRecord:
     error: str | None = None
     token_ids: tuple[int, ...] = ()
     finish_reason: str | None = None    # "stop" (EOS or a stop string) | "length" | None (errored)
+    usage_tokens: int | None = None     # output tokens as the server counted them (an HTTP endpoint's usage),
+                                        # where one streamed chunk may carry several tokens
 
     @property
     def tokens_out(self) -> int:
-        return len(self.token_times)
+        return self.usage_tokens if self.usage_tokens is not None else len(self.token_times)
 
     @property
     def first_token_time(self) -> float | None:

@@ -281,6 +281,8 @@ def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Ex
                   artifacts_dir: str | Path | None, threads: int, events: Events) -> BuildRecord:
     """A valid artifact of `v`: reused from artifacts_dir/<name> when it matches, else built into the
     run folder in a fresh worker process (the build record says why one was not reused)."""
+    if v.definition.endpoint is not None:   # an endpoint is measured as it serves: nothing to build
+        return endpoint_record(v)
     own = variant_dir / "artifact"
     candidates = [Path(artifacts_dir) / v.name] if artifacts_dir is not None else []
     skipped: list[str] = []
@@ -308,6 +310,15 @@ def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Ex
     record = record.model_copy(update={"not_reused": tuple(skipped)})
     events.on_done(label, record)
     return record
+
+
+def endpoint_record(v: PlannedVariant) -> BuildRecord:
+    """A `backend: openai` variant's build record: nothing was built; what it is, in its facts."""
+    e = v.definition.endpoint
+    return BuildRecord(variant=v.name, status="ok", artifact_dir="",
+                       facts={"recipe": "endpoint", "dtype": None, "kernels": [f"served by {e['base_url']}"],
+                              "notes": [f"backend: openai, model {e.get('model') or 'auto'}: only what the "
+                                        "endpoint exposes is measured"]})
 
 
 def _build_job(plan: Plan, v: PlannedVariant, artifact_dir: Path, threads: int) -> BuildJob:
@@ -339,6 +350,9 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
     threads = plan.suite.threads or available_cores()
     results: dict[str, BuildRecord] = {}
     for v in plan.variants:
+        if v.definition.endpoint is not None:
+            results[v.name] = endpoint_record(v)
+            continue
         label = f"{v.name} · build"
         events.on_job(label)
         record, _ = executor.run(_build_job(plan, v, out / v.name, threads), out / ".logs" / v.name,

@@ -106,10 +106,18 @@ class Tracker(Protocol):
         """Plain-words warnings about one variant's output (an attention path that overflowed)."""
 
 
+NOT_MEASURED = "not measured"
+"""A tracker result's error that starts with this is a row the backend cannot give, not a failure."""
+
+
 class TrackerBase:
-    """The seam's defaults: measured every round, no comparison with the baseline, no warnings."""
+    """The seam's defaults: measured every round, no comparison with the baseline, no warnings, and the
+    variant's model needed in this process (an endpoint variant's measurement skips the tracker and says
+    why: `remote_reason`)."""
 
     once = False
+    needs_local_model = True
+    remote_reason = "it needs the model in the measuring process"
 
     def compare(self, base, variant, blobs) -> dict:
         return {}

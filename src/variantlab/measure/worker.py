@@ -141,6 +141,8 @@ class Host:
 
 
 def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
+    if job.variant.get("endpoint"):
+        return run_endpoint_measure(job)
     t_start = process_start_time()
     name = job.variant["name"]
     try:
@@ -211,6 +213,45 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         if _status_of(e) == "failed":
             traceback.print_exc()
         return MeasurementRecord(variant=name, round=job.round, status=_status_of(e), reason=failure_reason(e)), {}
+
+
+def run_endpoint_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
+    """A `backend: openai` variant: the trackers that drive a backend (the scenarios, grading, the machine's
+    yardstick) run against the endpoint over HTTP; the others say why they are not measured."""
+    from ..backends.openai_http import Endpoint, OpenAIBackend
+    from ..environment import torch_fingerprint
+    from ..measure.tracker import NOT_MEASURED
+    from .trackers import tracker_from_config
+    name = job.variant["name"]
+    endpoint = Endpoint.from_json(job.variant["endpoint"])
+    backend = None
+    try:
+        setup("cpu", job.threads, job.seed)
+        backend = OpenAIBackend(endpoint)
+        host = Host(backend, None, job.samples, "endpoint", None, 0)
+        results = []
+        for tj in job.trackers:
+            tracker = tracker_from_config(tj.kind, tj.config)
+            if tracker.once and not job.run_once:
+                continue
+            if tracker.needs_local_model:
+                results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={},
+                                             error=f"{NOT_MEASURED} for an endpoint: {tracker.remote_reason}"))
+                continue
+            out = tracker.run(host)
+            host.outputs[tracker.name] = out
+            results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data=out.model_dump(mode="json")))
+        progress("done", 1.0)
+        return (MeasurementRecord(variant=name, round=job.round, status="ok", device="endpoint",
+                                  ran_once=job.run_once, kernels=(f"served by {endpoint.base_url} "
+                                                                  f"(model {endpoint.model})",),
+                                  outputs=tuple(results), environment=torch_fingerprint("cpu", job.seed)), {})
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        return MeasurementRecord(variant=name, round=job.round, status="failed", reason=failure_reason(e)), {}
+    finally:
+        if backend is not None:
+            backend.close()
 
 
 def _tokenizer_id(path: str) -> str:

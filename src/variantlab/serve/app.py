@@ -6,24 +6,30 @@ GET /metrics (Prometheus). Each route is thin: parse and bound the body, hand a 
 engine, relay its events. Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`,
 from one place (`ApiError` → `_error`): a malformed body or a bad field 400, a missing or wrong bearer
 key 401 (only with `api_key`), an unknown model 404, a body over `max_body_bytes` 413, a full queue 429
-with Retry-After, an engine that failed 500. A client that disconnects is cancelled: its row is freed
-at the engine's next step.
+with Retry-After, an engine that failed 500; an unknown route or method is OpenAI-shaped too. Fields are
+validated strictly, as OpenAI does: "0.5" is not a number, "yes" not a boolean. A client that
+disconnects is cancelled however its response ends: its row is freed at the engine's next step.
 
 Prompts: a completion's `prompt` is encoded as the bench engine encodes it (BOS included); a chat's
 messages go through the tokenizer's chat template when it has one, else their texts are joined with
 newlines (the reference model has no template: a user message whose content is the prompt is that
 prompt). Output text is cut before the first stop string and never contains it (serve/detok.py).
+A temperature below GREEDY_BELOW is greedy, as in vLLM: the logits divided by it would overflow.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
 import json
+import logging
 import time
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from ..backends.base import FINISH_LENGTH
 from .detok import TextStream
@@ -31,9 +37,10 @@ from .engine import FINISH_ERROR, QueueFull, ServeRequest, StreamEvent
 from .metrics import CONTENT_TYPE
 from .protocol import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk,
                        completion_body, completion_chunk, new_id, usage_chunk)
-from .sampling import SamplingParams
+from .sampling import GREEDY_BELOW, SamplingParams
 
 AUTO_MODELS = ("auto", "variantlab", "")
+log = logging.getLogger("variantlab.serve")
 
 
 @dataclass(frozen=True)
@@ -50,23 +57,20 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
     app = FastAPI(title="variantlab serve", docs_url=None, redoc_url=None)
     app.state.engine, app.state.text = engine, text
     created = int(time.time())
+    if api_key:
+        app.add_middleware(_BearerKey, key=api_key)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
         return _error(e)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, e: Exception):
-        return _error(ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error"))
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, e: HTTPException):   # an unknown route (404), a wrong method (405)
+        return _error(ApiError(e.status_code, str(e.detail), headers=dict(e.headers or {})))
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            if given != f"Bearer {api_key}":
-                return _error(ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
-                                       code="invalid_api_key"))
-        return await call_next(request)
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):       # the last resort: the routes are _guarded
+        return _error(_internal(e))
 
     @app.get("/health")
     async def health():
@@ -86,6 +90,7 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
                                             "owned_by": served_name} for name in engine.lanes]}
 
     @app.post("/v1/completions")
+    @_guarded
     async def completions(request: Request):
         body = await _parse(request, CompletionRequest, limits)
         if len(body.prompt) > limits.max_prompt_chars:
@@ -94,8 +99,12 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         return await _generate(request, body, ids, "prompt", DEFAULT_MAX_TOKENS, chat=False)
 
     @app.post("/v1/chat/completions")
+    @_guarded
     async def chat(request: Request):
         body = await _parse(request, ChatRequest, limits)
+        if sum(len(m.text()) for m in body.messages) > limits.max_prompt_chars:
+            raise ApiError(400, f"the messages are longer than {limits.max_prompt_chars} characters",
+                           param="messages")
         ids = tuple(_chat_ids(text, body))
         if body.max_completion_tokens is not None and body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
@@ -119,8 +128,9 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
                                 f"context of {lane.max_len} tokens", param="max_tokens",
                            code="context_length_exceeded")
         rid = new_id("chatcmpl" if chat else "cmpl")
+        temperature = body.temperature if body.temperature >= GREEDY_BELOW else 0.0
         req = ServeRequest(rid, ids, max_tokens, tuple(body.stop), True,
-                           SamplingParams(body.temperature, body.top_p, body.seed), variant)
+                           SamplingParams(temperature, body.top_p, body.seed), variant)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         try:
@@ -131,10 +141,19 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         except ValueError as e:
             raise ApiError(400, str(e), param=prompt_field) from None
         stream = TextStream(text.decode, body.stop)
+        ended = _Ended()
+
+        def cancel_unless_ended() -> None:   # the client went away, or the response was cancelled: free its row
+            if not ended.done:
+                engine.cancel(rid)
+
         if body.stream:
-            return StreamingResponse(_sse(engine, request, queue, stream, rid, len(ids), chat, body.include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _whole(engine, request, queue, stream, rid, len(ids), chat)
+            return _EventStream(_sse(request, queue, stream, rid, len(ids), chat, body.include_usage, ended),
+                                on_exit=cancel_unless_ended)
+        try:
+            return await _whole(request, queue, stream, rid, len(ids), chat, ended)
+        finally:
+            cancel_unless_ended()
 
     return app
 
@@ -145,13 +164,75 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+def _internal(e: Exception) -> ApiError:
+    return ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+
+def _guarded(route):
+    """A route whose unexpected exceptions are answered as OpenAI-shaped 500s like any ApiError. (One that
+    reaches Starlette's last-resort handler is re-raised after its response, and uvicorn then drops the
+    connection: the client's next request on it fails.)"""
+    @functools.wraps(route)
+    async def run(request: Request):
+        try:
+            return await route(request)
+        except (ApiError, HTTPException):
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure gets an answer
+            log.exception("request failed")
+            raise _internal(e) from e
+    return run
+
+
+class _BearerKey:
+    """401 for a /v1/ request without `Authorization: Bearer <key>`. A plain ASGI middleware: Starlette's
+    BaseHTTPMiddleware would sit between every streamed response and its client."""
+
+    def __init__(self, app, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = _error(ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
+                                           code="invalid_api_key"))
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+@dataclass
+class _Ended:
+    """Set once a request's last event has been relayed; a response that ends before cancels the request."""
+    done: bool = False
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that runs `on_exit` however it ends (finished, the client gone, the server shutting
+    down): when a send fails, Starlette abandons the event generator without closing it, so the
+    generator's own `finally` would wait for the garbage collector."""
+
+    def __init__(self, events, on_exit):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_exit = on_exit
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_exit()
+
+
 async def _parse(request: Request, model, limits: ServerLimits):
+    too_large = ApiError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise ApiError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
-    raw = await request.body()
-    if len(raw) > limits.max_body_bytes:
-        raise ApiError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
+        raise too_large
+    raw = bytearray()
+    async for chunk in request.stream():   # a chunked body declares no length: stop reading at the bound
+        raw += chunk
+        if len(raw) > limits.max_body_bytes:
+            raise too_large
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -159,11 +240,20 @@ async def _parse(request: Request, model, limits: ServerLimits):
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=True)
     except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+        # a union's members fail apart (stop: ["a", 1] fails as a string and at item 1 of a list): the deepest says most
+        worst = max(e.errors(), key=lambda err: len(err["loc"]))
+        param = _param(worst["loc"])
+        raise ApiError(400, f"{param}: {worst['msg']}" if param else worst["msg"], param=param) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _param(loc: tuple) -> str | None:
+    """The field an error is about, without pydantic's union-member tags: ("stop", "list[str]", 0) → "stop.0"."""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p not in _TYPE_TAGS)) or None
 
 
 def _variant(engine, model: str | None) -> str | None:
@@ -203,58 +293,56 @@ async def _next(request: Request, queue: asyncio.Queue) -> StreamEvent | None:
                 return None
 
 
-async def _whole(engine, request: Request, queue, stream: TextStream, rid: str, n_prompt: int, chat: bool):
+async def _whole(request: Request, queue, stream: TextStream, rid: str, n_prompt: int, chat: bool,
+                 ended: _Ended):
     variant = ""
     while True:
         ev = await _next(request, queue)
         if ev is None:
-            engine.cancel(rid)
-            return Response(status_code=499)
+            return Response(status_code=499)    # the client has gone: the caller cancels the request
         variant = ev.variant or variant
         if ev.token_id is None:
+            ended.done = True
             raise _failed(ev)
         stream.push(ev.token_id)
         if ev.finish_reason is not None:
+            ended.done = True
             make = chat_body if chat else completion_body
             return make(rid, variant, stream.text, _finish_reason(ev), n_prompt, len(stream.tokens))
 
 
-async def _sse(engine, request: Request, queue, stream: TextStream, rid: str, n_prompt: int, chat: bool,
-               include_usage: bool):
-    finished = False
-    try:
-        first = True
-        while True:
-            ev = await _next(request, queue)
-            if ev is None:
-                return
-            if ev.token_id is None:
-                finished = True
-                yield _data(_failed(ev).body())
-                return
-            delta = stream.push(ev.token_id)
-            done = ev.finish_reason is not None
-            if done:
-                delta += stream.finish()
-            reason = _finish_reason(ev) if done else None
-            if chat:
-                if first:
-                    yield _data(chat_chunk(rid, ev.variant, {"role": "assistant", "content": ""}, None))
-                if delta or done:
-                    yield _data(chat_chunk(rid, ev.variant, {"content": delta} if delta else {}, reason))
-            elif delta or done:
-                yield _data(completion_chunk(rid, ev.variant, delta, reason))
-            first = False
-            if done:
-                finished = True
-                if include_usage:
-                    obj = "chat.completion.chunk" if chat else "text_completion"
-                    yield _data(usage_chunk(rid, ev.variant, obj, n_prompt, len(stream.tokens)))
-                yield "data: [DONE]\n\n"
-                return
-    finally:
-        if not finished:   # the client went away (or the response was cancelled): free its row
-            engine.cancel(rid)
+async def _sse(request: Request, queue, stream: TextStream, rid: str, n_prompt: int, chat: bool,
+               include_usage: bool, ended: _Ended):
+    """The request's SSE events; it returns early when the client has gone (_EventStream then cancels it)."""
+    first = True
+    while True:
+        ev = await _next(request, queue)
+        if ev is None:
+            return
+        if ev.token_id is None:
+            ended.done = True
+            yield _data(_failed(ev).body())
+            return
+        delta = stream.push(ev.token_id)
+        done = ev.finish_reason is not None
+        if done:
+            ended.done = True
+            delta += stream.finish()
+        reason = _finish_reason(ev) if done else None
+        if chat:
+            if first:
+                yield _data(chat_chunk(rid, ev.variant, {"role": "assistant", "content": ""}, None))
+            if delta or done:
+                yield _data(chat_chunk(rid, ev.variant, {"content": delta} if delta else {}, reason))
+        elif delta or done:
+            yield _data(completion_chunk(rid, ev.variant, delta, reason))
+        first = False
+        if done:
+            if include_usage:
+                obj = "chat.completion.chunk" if chat else "text_completion"
+                yield _data(usage_chunk(rid, ev.variant, obj, n_prompt, len(stream.tokens)))
+            yield "data: [DONE]\n\n"
+            return
 
 
 def _data(obj: dict) -> str:

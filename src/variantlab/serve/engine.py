@@ -183,11 +183,12 @@ class ServeEngine:
                             break
                 try:
                     self.iterate()
+                    self.error = None     # serving again: /health is ok once a step succeeds
                 except Exception as e:  # noqa: BLE001 - a kernel that raises fails the requests, not the server
                     log.exception("serving step failed")
                     self.error = f"{type(e).__name__}: {e}"
-                    self._fail_all(self.error)
-        self._fail_all("the server is shutting down", reason=FINISH_CANCELLED)
+                    self._fail_all(self.error, waiting_too=False)
+            self._fail_all("the server is shutting down", reason=FINISH_CANCELLED)   # the lanes' tensors need the mode
 
     def _take_inbox(self) -> None:
         while self._inbox:
@@ -337,18 +338,21 @@ class ServeEngine:
             return
         self._finish(run, FINISH_CANCELLED)
 
-    def _fail_all(self, message: str, reason: str = FINISH_ERROR) -> None:
+    def _fail_all(self, message: str, reason: str = FINISH_ERROR, waiting_too: bool = True) -> None:
+        """End every running request with an error event (a step raised: which request caused it is not
+        known); the waiting ones too when the engine stops."""
         now = self.clock()
         for run in list(self._running.values()):
             self._finish(run, reason)
             self._deliver(run, StreamEvent(run.request.request_id, None, now, run.lane, reason, error=message))
         for lane in self.lanes.values():
-            lane.group = None
-            for row in [r for r in lane.rows if r is not None]:
-                lane.rows[lane.rows.index(row)] = None
-        while self._waiting:
+            lane.clear()
+        while waiting_too and self._waiting:
             w = self._waiting.popleft()
-            w.sink(StreamEvent(w.request.request_id, None, now, "", reason, error=message))
+            try:
+                w.sink(StreamEvent(w.request.request_id, None, now, "", reason, error=message))
+            except Exception:  # noqa: BLE001 - a gone client must not stop the others' ends
+                log.exception("a request's sink raised while the engine stopped")
 
     def _retry_after(self) -> float:
         """Seconds until the queue has room, from the recent decode rate: at least 1 s (Retry-After is whole seconds)."""

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ..backends.kv_cache import BUCKET, static_cache_fits
+from ..backends.kv_cache import BUCKET, KVCaches, static_cache_fits
 from .sampling import choose
 
 
@@ -123,6 +123,7 @@ class Lane:
         self.mask: torch.Tensor | None = None          # (rows, length)
         self.cur = 0
         self.group: PrefillGroup | None = None
+        self.prefill_caches = KVCaches(engine.model)   # the lane's own: never shared with another thread's engine
         self._layout: tuple | None = None              # (heads, head dim, dtype) of the cache layers
         self._last = engine._last                      # {"logits_to_keep": 1} where the model takes it
 
@@ -156,8 +157,8 @@ class Lane:
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=self.device)
         pad = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
                            device=self.device)
-        cache = self.engine.caches.acquire(n, width)
-        mask = pad.new_ones(n, self.engine.caches.length_for(width))
+        cache = self.prefill_caches.acquire(n, width)
+        mask = pad.new_ones(n, self.prefill_caches.length_for(width))
         mask[:, :width] = pad
         positions = (pad.cumsum(-1) - 1).clamp(min=0)
         self.group = PrefillGroup(list(requests), ids, positions, mask, [len(p) for p in prompts], cache)
@@ -230,6 +231,14 @@ class Lane:
             r.position += 1
             r.last = tok
         return list(zip(rows, chosen))
+
+    def clear(self) -> None:
+        """Drop every row and the prefill group (the engine failed them all)."""
+        self.group = None
+        self.rows = [None] * len(self.rows)
+        if self.mask is not None:
+            self.mask[:, :self.cur] = 0
+            self.mask[:, self.cur:] = 1
 
     def release(self, row: Row) -> None:
         """Free a finished or cancelled row; shrink the lane when a quarter or less of it runs."""

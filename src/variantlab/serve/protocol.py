@@ -2,11 +2,13 @@
 
 Only what the server implements is accepted with a meaning; fields a client library sends that do not
 change the output (user, presence_penalty 0, …) are ignored, as vLLM does, and fields that would change
-it and are not implemented (n > 1, logprobs, echo, best_of, a non-zero penalty) are refused with 400
-naming the field, never silently dropped.
+it and are not implemented (n > 1, logprobs, echo, best_of, a non-zero penalty, a content part that
+is not text) are refused with 400 naming the field, never silently dropped. A field left out takes
+OpenAI's default, validated like a given one (`stop` is always a list).
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -14,6 +16,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_MAX_TOKENS = 16          # OpenAI's default for completions
+INT64 = (-(2**63), 2**63 - 1)    # a seed outside this cannot seed a torch.Generator
+# fields that would change the output, with the values that leave it as it is (compared by type too: True == 1)
+UNSUPPORTED_EXTRA = {"echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},), "tools": ([],),
+                     "functions": ([],), "response_format": ({"type": "text"},)}
 
 
 class ApiError(Exception):
@@ -36,8 +42,8 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(None, validate_default=True)
+    seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
     stream: bool = False
     stream_options: dict | None = None
     n: int = 1
@@ -56,17 +62,19 @@ class _Common(BaseModel):
         return stops
 
     def refuse_unsupported(self) -> None:
-        for name, bad in (("n", self.n != 1), ("logprobs", self.logprobs not in (None, False, 0)),
+        # logprobs 0 still asks for the sampled tokens' log-probabilities: only null and false leave it out
+        for name, bad in (("n", self.n != 1), ("logprobs", self.logprobs is not None and self.logprobs is not False),
                           ("presence_penalty", self.presence_penalty != 0),
                           ("frequency_penalty", self.frequency_penalty != 0)):
             if bad:
                 raise ApiError(400, f"{name} is not supported by this server (accepted: its default)", param=name,
                                code="unsupported_parameter")
         extra = self.model_extra or {}
-        for name in ("echo", "best_of", "suffix", "logit_bias", "tools", "functions", "response_format"):
-            if extra.get(name) not in (None, False, 1, {}, []) and not (name == "response_format" and
-                                                                        extra[name] == {"type": "text"}):
-                raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported_parameter")
+        for name, neutral in UNSUPPORTED_EXTRA.items():
+            value = extra.get(name)
+            if value is not None and not any(type(value) is type(v) and value == v for v in neutral):
+                raise ApiError(400, f"{name} is not supported by this server (accepted: {json.dumps(neutral[0])})",
+                               param=name, code="unsupported_parameter")
 
     @property
     def include_usage(self) -> bool:
@@ -91,9 +99,18 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict] | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v):
+        if isinstance(v, list):
+            for part in v:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"only text content parts are supported, not {part.get('type')!r}")
+        return v
+
     def text(self) -> str:
-        if isinstance(self.content, list):   # content parts: only text parts carry text here
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        if isinstance(self.content, list):
+            return "".join(p["text"] for p in self.content)
         return self.content or ""
 
 

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import torch
 
 
+GREEDY_BELOW = 1e-5     # a temperature under this is greedy (vLLM's rule): logits divided by it overflow
+SEED_RANGE = (-2**63, 2**63 - 1)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0
@@ -25,10 +29,12 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     def generator(self) -> torch.Generator | None:
         """The request's own generator (None: greedy needs none). Unseeded requests draw a seed from torch's
@@ -36,7 +42,7 @@ class SamplingParams:
         if self.greedy:
             return None
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator().manual_seed(seed % 2**64)   # manual_seed takes 0 … 2**64 - 1
 
 
 def nucleus_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

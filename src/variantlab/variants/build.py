@@ -30,6 +30,7 @@ class VariantDefinition:
     attention: str | None = None            # "gqa:2", "linear", …; None: the checkpoint's own
     attention_options: dict = field(default_factory=dict)
     compile: bool = False                   # a runtime setting: the measuring host compiles after loading
+    endpoint: dict | None = None            # backend: openai: {base_url, model, api_key_env}; nothing is built
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

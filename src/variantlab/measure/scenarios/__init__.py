@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from .length_sweep import LengthSweep
 from .offline import Offline
+from .server import Server
 from .single_stream import SingleStream
 
-SCENARIOS = {cls.kind: cls for cls in (SingleStream, Offline, LengthSweep)}
+SCENARIOS = {cls.kind: cls for cls in (SingleStream, Offline, LengthSweep, Server)}
 SCENARIO_SPECS = {kind: cls.spec_model for kind, cls in SCENARIOS.items()}
 
 

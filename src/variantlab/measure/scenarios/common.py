@@ -56,6 +56,7 @@ class Scenario(TrackerBase):
     kind = ""
     spec_model = None       # the suite entry's pydantic model (a class attribute, not a field)
     output_model = ScenarioOutput
+    needs_local_model = False   # a scenario drives any backend, an endpoint's included
 
     @property
     def name(self) -> str:

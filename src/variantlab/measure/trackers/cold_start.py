@@ -32,6 +32,7 @@ def _stage(field: str):
 @dataclass(frozen=True)
 class ColdStart(Unconfigured):
     kind = "cold_start"
+    remote_reason = "the endpoint's own process start is not visible from the client"
     name = "cold_start"
     output_model = ColdStartOutput
 

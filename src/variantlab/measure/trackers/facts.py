@@ -32,6 +32,7 @@ def _one(field: str):
 @dataclass(frozen=True)
 class Facts(Unconfigured):
     kind = "facts"
+    remote_reason = "the endpoint's weights are not visible from the client"
     name = "facts"
     once = True
     output_model = FactsOutput

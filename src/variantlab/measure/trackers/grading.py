@@ -36,6 +36,7 @@ class Grading(TrackerBase):
     kind = "grading"
     name = "grading"
     once = True
+    needs_local_model = False   # generated answers: any backend, an endpoint's included
     output_model = GradingOutput
 
     def config(self) -> dict:

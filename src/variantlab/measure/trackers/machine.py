@@ -62,6 +62,7 @@ class Machine(Unconfigured):
     kind = "machine"
     name = "machine"
     output_model = MachineOutput
+    needs_local_model = False
 
     def metrics(self) -> tuple[MetricDef, ...]:
         note = "fixed work, not the variant: how fast this machine ran in each measurement process"

@@ -54,6 +54,7 @@ def current_bytes(device: str) -> int:
 @dataclass(frozen=True)
 class Memory(Unconfigured):
     kind = "memory"
+    remote_reason = "the endpoint's memory is not visible from the client"
     name = "memory"
     output_model = MemoryOutput
 

@@ -79,6 +79,7 @@ class Profile(TrackerBase):
     max_new_tokens: int = 24
     reps: int = 3
     kind = "profile"
+    remote_reason = "profiling needs the model in the measuring process"
     name = "profile"
     output_model = ProfileOutput
 

@@ -55,6 +55,8 @@ def _fact(value):
 class Scoring(TrackerBase):
     samples: int = 32
     kind = "scoring"
+    remote_reason = ("teacher-forced scoring (KLD, top-1 agreement, PPL) needs the model's logits, which an "
+                     "endpoint does not return")
     name = "scoring"
     once = True
     output_model = ScoringOutput

@@ -40,6 +40,7 @@ def _longest(out: StabilityOutput):
 class Stability(TrackerBase):
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     kind = "stability"
+    remote_reason = "the attention-error check needs the model's attention modules"
     name = "stability"
     once = True
     output_model = StabilityOutput
