@@ -120,3 +120,25 @@ def test_models_with_their_own_cache_layers_are_refused_with_the_reason(tiny_lm)
     assert reason is not None and "linear or sliding" in reason
     with pytest.raises(ValueError, match="cannot be served with continuous batching"):
         Lane("lin", TorchEngine(linear, tok, "cpu"))
+
+
+def test_a_token_budget_splits_a_group_prefill_into_narrower_chunks_and_stays_exact(engine, tiny_lm):
+    model, tok = tiny_lm
+    reqs = [Req(str(i), p, 5) for i, p in enumerate(prompts(engine, 4))]
+    lane = Lane("fp32", engine, max_rows=4, max_len=128, chunk=64)
+    lane.start_group(reqs)
+    chunks = 1
+    while not lane.prefill_chunk(max_tokens=8):               # 4 rows × 2 positions a chunk
+        chunks += 1
+    assert chunks == -(-lane.group.width // 2)
+    got = {}
+    for row, first in lane.join(lambda req, gen, first: Row(req, None, gen, 0, 0, first)):
+        row.tokens.append(first)
+    while lane.n_active:
+        for row, t in lane.step():
+            row.tokens.append(t)
+            if len(row.tokens) == 5:
+                got[row.request.request_id] = row.tokens
+                lane.release(row)
+    for r in reqs:
+        assert got[r.request_id] == reference(model, tok, r.prompt_ids, 5)

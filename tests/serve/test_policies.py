@@ -61,3 +61,13 @@ def test_adaptive_caps_the_batch_by_the_slo_then_by_what_the_steps_really_take()
     fast = LaneView("int4", 7, 0, 32, (0.001,) * 16, steps=40)
     p.decide(view(5, int4=fast))
     assert p.caps["int4"] == 8                                                # grows by one while requests wait
+
+
+def test_the_prefill_budget_is_what_the_slo_leaves_after_the_running_rows_step():
+    int4 = StepCost("int4", INT4.seconds, prefill_s_per_token=1e-5)
+    p = AdaptivePolicy({"int4": int4}, tpot_slo_s=0.01, max_rows=32)
+    d = p.decide(view(3, int4=(4, 0, 32)))                    # 4 rows step in 4 ms; 8 ms budget leaves 4 ms
+    assert d.prefill_tokens == {"int4": 400}
+    crowded = p.decide(view(3, int4=(32, 0, 32)))             # 24 ms steps: nothing left but the floor
+    assert crowded.prefill_tokens == {"int4": 32}
+    assert AdaptivePolicy({"int4": int4}).decide(view(3, int4=(4, 0, 32))).prefill_tokens == {}   # no SLO

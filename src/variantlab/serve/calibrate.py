@@ -4,7 +4,8 @@ The adaptive policy switches variant where these curves cross (weight-only int4 
 than bf16 at one row and ~10x slower at a few dozen on our CPUs: DESIGN.md's kernel table), so
 they are measured, not assumed: for each batch size, that many dummy requests with a prompt of
 `context` tokens are prefilled into the variant's own lane and decoded for WARM + TIMED steps;
-the step time is the fastest timed step (the others carry the machine's noise). The sweep runs
+the step time is the fastest timed step (the others carry the machine's noise). Prefill's cost per
+token is the fastest of those groups' prefills, per token. The sweep runs
 twice and keeps each size's faster figure: the first pass carries every shape's one-off costs
 (264 ms for a 1.7 ms step, measured). Under a second for the reference model.
 """
@@ -30,10 +31,13 @@ def step_cost(lane: Lane, context: int = 64, clock=time.perf_counter, passes: in
     tok = lane.engine.pad_id + 1 if lane.engine.pad_id + 1 < lane.model.config.vocab_size else 0
     ids = tuple([tok] * max(1, min(context, lane.max_len - WARM - TIMED - 1)))
     seconds: dict[int, float] = {}
+    prefill: list[float] = []
     for b in [b for _ in range(passes) for b in BATCH_SIZES if b <= lane.max_rows]:
         lane.start_group([_Dummy(i, ids) for i in range(b)])
+        t0 = clock()
         while not lane.prefill_chunk():
             pass
+        prefill.append((clock() - t0) / (b * len(ids)))
         rows = [row for row, _ in lane.join(lambda req, gen, first: Row(req, None, gen, 0, 0, first))]
         times = []
         for i in range(WARM + TIMED):
@@ -44,4 +48,4 @@ def step_cost(lane: Lane, context: int = 64, clock=time.perf_counter, passes: in
         for row in rows:
             lane.release(row)
         seconds[b] = min(times + [seconds.get(b, float("inf"))])
-    return StepCost(lane.name, seconds)
+    return StepCost(lane.name, seconds, min(prefill))

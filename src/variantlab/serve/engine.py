@@ -118,6 +118,7 @@ class ServeEngine:
         self.error: str | None = None
         self.recent_step_s: dict[str, collections.deque] = {n: collections.deque(maxlen=64) for n in lanes}
         self.steps = {n: 0 for n in lanes}
+        self._last_step: dict[str, float | None] = {}
 
     # ------------------------------------------------------------------ from any thread
 
@@ -205,11 +206,11 @@ class ServeEngine:
 
     def iterate(self) -> None:
         """One iteration: admit, one prefill chunk per lane, one decode step per lane (module doc)."""
-        self._admit()
+        budget = self._admit()
         for name, lane in self.lanes.items():
             if lane.group is not None:
                 t0 = self.clock()
-                if lane.prefill_chunk():
+                if lane.prefill_chunk(budget.get(name)):
                     self._joined(name, lane.join(self._make_row))
                 self.metrics.prefill_seconds.observe(self.clock() - t0)
         for name, lane in self.lanes.items():
@@ -217,13 +218,18 @@ class ServeEngine:
                 t0 = self.clock()
                 stepped = lane.step()
                 now = self.clock()
-                self.recent_step_s[name].append(now - t0)
+                # what a running row waited for this token: since the lane's last step when it ran in the
+                # previous iteration too (prefill chunks and other lanes' steps included), else this step
+                last = self._last_step.get(name)
+                self.recent_step_s[name].append(now - (last if last is not None else t0))
+                self._last_step[name] = now
                 self.steps[name] += 1
                 self.metrics.batch_size.labels(name).set(len(stepped))
                 self.metrics.steps.labels(name).inc()
                 for row, tok in stepped:
                     self._emit(row.request.request_id, tok, now)
             else:
+                self._last_step[name] = None
                 self.metrics.batch_size.labels(name).set(0)
         self.metrics.queue_length.set(self.queue_length())
         self.metrics.running.set(len(self._running))
@@ -235,9 +241,10 @@ class ServeEngine:
         unpinned = sum(1 for w in self._waiting if w.request.variant is None)
         return LoadView(now, len(self._waiting), unpinned, oldest, lanes)
 
-    def _admit(self) -> None:
-        if not self._waiting:
-            return
+    def _admit(self) -> dict[str, int]:
+        """Admit what the policy lets in; the prefill token budget it set for this iteration."""
+        if not self._waiting and not any(lane.busy for lane in self.lanes.values()):
+            return {}
         decision = self.policy.decide(self._view())
         if decision.switch is not None:
             self.switches.append(decision.switch)
@@ -265,6 +272,7 @@ class ServeEngine:
             for w in items:
                 self._running[w.request.request_id] = _Running(w.request, w.sink, w.arrived, name)
                 self.metrics.queue_wait_seconds.observe(now - w.arrived)
+        return decision.prefill_tokens
 
     def _lane_view(self, name: str) -> LaneView:
         lane = self.lanes[name]

@@ -163,10 +163,13 @@ class Lane:
         positions = (pad.cumsum(-1) - 1).clamp(min=0)
         self.group = PrefillGroup(list(requests), ids, positions, mask, [len(p) for p in prompts], cache)
 
-    def prefill_chunk(self) -> bool:
-        """Run the next chunk of the group's prefill; True when the group is done (its first tokens chosen)."""
+    def prefill_chunk(self, max_tokens: int | None = None) -> bool:
+        """Run the next chunk of the group's prefill — `chunk` positions, or fewer so that the chunk holds at
+        most `max_tokens` tokens over the group's rows (padding counts: it is computed) — and return True
+        when the group is done (its first tokens chosen)."""
         g = self.group
-        end = min(g.width, g.done + self.chunk)
+        width = self.chunk if max_tokens is None else max(1, min(self.chunk, max_tokens // len(g.requests)))
+        end = min(g.width, g.done + width)
         with torch.inference_mode():
             logits = self.model(input_ids=g.ids[:, g.done:end], attention_mask=g.mask,
                                 position_ids=g.positions[:, g.done:end], past_key_values=g.cache, use_cache=True,

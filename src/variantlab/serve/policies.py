@@ -9,7 +9,10 @@
   among batch sizes whose step time stays within the SLO; weight-only int4 wins while the batch is
   small and bf16 or w8a8 past the crossover, wherever this machine puts it. A measured feedback loop
   then holds the SLO: when the variant's recent step times pass it, its batch cap shrinks by a
-  quarter, and when they stay under 80% of it with requests waiting, it grows by one. A switch needs
+  quarter, and when they stay under 80% of it with requests waiting, it grows by one. Newcomers' prefill is
+  budgeted per iteration to what the SLO leaves after the running rows' decode step, at the measured
+  prefill cost per token (chunked prefill, as Sarathi-Serve does), so a burst of arrivals delays the
+  newcomers' first token rather than every running request's next one. A switch needs
   the new variant to win by 10% for PATIENCE decisions in a row (no flapping), and is returned with
   its reason (the engine logs and counts it). The lane switched away from drains: its running
   requests finish where they started.
@@ -25,6 +28,7 @@ PATIENCE = 4            # decisions in a row a new variant must win before the p
 MARGIN = 1.10           # … by at least this much throughput
 HEADROOM = 0.8          # the step-time budget is this share of the TPOT SLO (prefill chunks run between steps)
 FEEDBACK_STEPS = 16     # decode steps the feedback loop judges at a time, each set taken under the current cap
+MIN_PREFILL_TOKENS = 32 # an iteration's prefill budget never goes below this: newcomers always advance
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class LoadView:
 class Decision:
     admit: dict[str, int]        # lane → how many unpinned waiting requests it takes now
     switch: dict | None = None   # {"from", "to", "reason", "demand"} when the admitting variant changed
+    prefill_tokens: dict[str, int] = field(default_factory=dict)   # lane → prefill tokens this iteration at most
 
 
 class Policy(Protocol):
@@ -112,6 +117,7 @@ class StepCost:
 
     variant: str
     seconds: dict[int, float]
+    prefill_s_per_token: float | None = None    # prefill time per prompt token (its most efficient batch)
 
     def at(self, batch: int) -> float:
         sizes = sorted(self.seconds)
@@ -134,7 +140,8 @@ class StepCost:
         return max(fits) if fits else 1
 
     def to_json(self) -> dict:
-        return {"variant": self.variant, "seconds": {str(k): v for k, v in sorted(self.seconds.items())}}
+        return {"variant": self.variant, "seconds": {str(k): v for k, v in sorted(self.seconds.items())},
+                "prefill_s_per_token": self.prefill_s_per_token}
 
 
 @dataclass
@@ -176,7 +183,21 @@ class AdaptivePolicy:
             self._streak = (None, 0)
         lane = view.lanes[self.current]
         room = self.caps[self.current] - lane.running - lane.prefilling
-        return Decision({self.current: max(0, room)}, switch)
+        return Decision({self.current: max(0, room)}, switch, self.prefill_budget(view))
+
+    def prefill_budget(self, view: LoadView) -> dict[str, int]:
+        """Per lane, the prefill tokens one iteration may run so that its running rows' next token still
+        lands within the SLO: (HEADROOM × SLO − the decode steps of every busy lane) ÷ prefill's cost per
+        token (Sarathi-style). At least one chunk's worth of MIN_PREFILL_TOKENS, so newcomers always advance."""
+        if self.tpot_slo_s is None:
+            return {}
+        stepping = sum(self.costs[n].at(v.running) for n, v in view.lanes.items() if v.running and n in self.costs)
+        left = HEADROOM * self.tpot_slo_s - stepping
+        out = {}
+        for name, cost in self.costs.items():
+            if cost.prefill_s_per_token:
+                out[name] = max(MIN_PREFILL_TOKENS, int(left / cost.prefill_s_per_token))
+        return out
 
     def _switch(self, best: str, demand: int) -> dict:
         old = self.current
