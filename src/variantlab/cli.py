@@ -518,25 +518,37 @@ def serve(suite: Path = typer.Argument(..., help="suite file (YAML): the model, 
           context: int = typer.Option(512, "--context", min=8, help="prompt + output tokens a request may use"),
           tpot_slo_ms: Optional[float] = typer.Option(None, "--tpot-slo-ms", help="adaptive: the TPOT to keep "
                                                       "(default: the suite's max_tpot_s, else slo.tpot_s)"),
-          threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads")) -> None:
+          threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads (per worker; default: "
+                                                "the CPU workers share the cores)"),
+          workers: Optional[int] = typer.Option(None, "--workers", min=1, help="serving processes, each holding the "
+                                                "variants, requests routed by queue and expected cost "
+                                                "(default: one per --devices entry, else 1: in this process)"),
+          devices: Optional[str] = typer.Option(None, "--devices", help="comma-separated device per worker, e.g. "
+                                                "cpu,cuda:0 (default: cpu)")) -> None:
     """Serve the suite's variants behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics), batching continuously; `adaptive` switches variant with load."""
+    /v1/models, /health, /metrics), batching continuously; `adaptive` switches variant with load. With
+    --workers N (or several --devices) N worker processes serve side by side behind one router."""
     from .measure.plan import plan_suite_file
     from .serve.app import ServerLimits
     from .serve.server import ServeOptions, build_server
+    device_list = tuple(d.strip() for d in (devices or "").split(",") if d.strip())
+    n_workers = workers or len(device_list) or 1
     try:
         options = ServeOptions(policy=policy, variants=tuple(v.strip() for v in (variants or "").split(",") if v.strip()),
                                max_batch=max_batch, batch_size=batch_size, max_wait_s=max_wait_ms / 1e3,
                                max_queue=max_queue, context=context, limits=ServerLimits(max_tokens=max_tokens),
                                api_key=api_key, threads=threads,
-                               tpot_slo_s=None if tpot_slo_ms is None else tpot_slo_ms / 1e3)
+                               tpot_slo_s=None if tpot_slo_ms is None else tpot_slo_ms / 1e3,
+                               workers=n_workers, devices=device_list,
+                               device=device_list[0] if n_workers == 1 and device_list else "cpu")
         plan = plan_suite_file(suite)
         handle = build_server(plan, options, log=lambda line: err_console.print(escape(line), highlight=False,
                                                                                  soft_wrap=True))
     except VariantlabError as e:
         _fail(e)
     import uvicorn
-    err_console.print(f"serving {', '.join(handle.engine.lanes)} ({policy}) on http://{host}:{port}/v1"
+    err_console.print(f"serving {', '.join(handle.engine.lanes)} ({policy}"
+                      + (f", {n_workers} workers" if n_workers > 1 else "") + f") on http://{host}:{port}/v1"
                       + (" (bearer key required)" if api_key else ""), highlight=False, soft_wrap=True)
     try:
         uvicorn.run(handle.app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

@@ -144,3 +144,11 @@ def test_the_metrics_count_tokens_requests_and_batches(engine):
     assert "variantlab_ttft_seconds_count 6.0" in text and "variantlab_queue_length 0.0" in text
     finished = sum(1 for r in reqs if c.events[r.request_id][-1].finish_reason in (FINISH_STOP, FINISH_LENGTH))
     assert finished == 6 and FINISH_CANCELLED not in text.split("requests_finished_total")[-1][:40]
+
+
+def test_requests_pinned_to_a_full_lane_wait_their_turn(engine):
+    """Pinned requests beyond a lane's rows stay queued (an empty group must never be started)."""
+    lane = Lane("v", engine, max_rows=2, max_len=128)
+    reqs = [ServeRequest(f"p{i}", tuple(engine.encode("hello world")), 4, variant="v") for i in range(6)]
+    c = run_all(ServeEngine({"v": lane}, AdaptivePolicy({"v": StepCost("v", {1: 0.001})}, max_rows=2)), reqs)
+    assert all(c.events[r.request_id][-1].finish_reason in (FINISH_STOP, FINISH_LENGTH) for r in reqs)

@@ -258,7 +258,7 @@ class ServeEngine:
             name = pinned or next((n for n, k in budget.items() if k > 0), None)
             lane = self.lanes.get(name) if name else None
             if (lane is None or lane.group is not None or
-                    len(take[name]) >= lane.capacity() or (pinned is None and budget.get(name, 0) <= 0) or
+                    len(take.get(name, ())) >= lane.capacity() or (pinned is None and budget.get(name, 0) <= 0) or
                     (pinned is not None and not self.policy.admits_pinned(self._lane_view(name)))):
                 keep.append(w)
                 continue

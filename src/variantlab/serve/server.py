@@ -13,9 +13,15 @@ benchmarks/serve_policies.py run in-process:
 4. the engine and the FastAPI app.
 `ServerHandle.start_http()` runs uvicorn on a thread (loopback, a free port by default): the tests and
 benchmarks talk to a real server over real HTTP.
+
+With `workers` > 1 steps 1 and 3-4 run in worker processes instead (serve/workers.py): each builds its
+own variants through the same two helpers (`build_engines`, `assemble_engine`) on its own device and
+threads, and the handle's `.engine` is the Router in front of them. The accuracy floor (step 2) is
+graded here, on the first worker's device, before the workers start; its models are freed after.
 """
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -26,6 +32,8 @@ from .app import ServerLimits, create_app
 from .engine import ServeEngine
 from .lane import Lane
 from .policies import POLICIES, AdaptivePolicy, SinglePolicy, StaticPolicy
+
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -44,19 +52,33 @@ class ServeOptions:
     threads: int | None = None
     accuracy_samples: int = 64             # graded for the accuracy floor
     tpot_slo_s: float | None = None        # overrides the suite's
+    workers: int = 1                       # serving processes; 1: the engine runs in this process
+    devices: tuple[str, ...] = ()          # one per worker ("cpu", "cuda:N"); (): every worker on the CPU
+    worker_variants: tuple[tuple[str, ...], ...] = ()   # one set per worker; (): every worker holds all
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise VariantlabError(f"unknown policy {self.policy!r}", field="--policy", accepted=" | ".join(POLICIES))
+        if self.workers < 1:
+            raise VariantlabError(f"at least one worker is needed, got {self.workers}", field="--workers")
+        if self.devices and len(self.devices) != self.workers:
+            raise VariantlabError(f"{len(self.devices)} devices for {self.workers} workers", field="--devices",
+                                  accepted="one device per worker, e.g. --workers 2 --devices cpu,cuda:0")
+        for d in self.devices:
+            if not DEVICE_PATTERN.fullmatch(d):
+                raise VariantlabError(f"unknown device {d!r}", field="--devices", accepted="cpu | cuda | cuda:N")
+        if self.worker_variants and len(self.worker_variants) != self.workers:
+            raise VariantlabError(f"{len(self.worker_variants)} variant sets for {self.workers} workers",
+                                  field="worker_variants", accepted="one set of variants per worker")
 
 
 @dataclass
 class ServerHandle:
-    engine: ServeEngine
+    engine: ServeEngine                     # or, with workers > 1, the Router (serve/workers.py)
     app: object
     text: object                            # the shared TorchEngine (tokenizer)
     accuracy: dict = field(default_factory=dict)      # variant → {accuracy, retention, allowed, why}
-    calibration: dict = field(default_factory=dict)   # variant → step seconds by batch size
+    calibration: dict = field(default_factory=dict)   # variant → step seconds by batch size (routed: worker → that)
     tpot_slo_s: float | None = None
     _server: object = None
     _thread: threading.Thread | None = None
@@ -101,11 +123,31 @@ def tpot_slo(suite) -> float | None:
 def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> ServerHandle:
     """Everything but the HTTP listener (module doc)."""
     import torch
-
-    from ..backends.torch_engine import TorchEngine
-    from ..variants import build as variants
+    if options.devices:
+        check_devices(options.devices)
+    if options.workers > 1:
+        return _build_routed(plan, options, log)
     if options.threads:
         torch.set_num_threads(options.threads)
+    names = served_names(plan, options)
+    floor = has_accuracy_floor(plan)
+    engines = build_engines([plan.variant(n) for n in dict.fromkeys([*names, *([plan.baseline] if floor else [])])],
+                            plan.calibration_texts, options.device, log)
+    accuracy = accuracy_floor(plan, engines, options.accuracy_samples)
+    allowed = _allowed(names, accuracy, log)
+    slo = options.tpot_slo_s if options.tpot_slo_s is not None else tpot_slo(plan.suite)
+    engine, costs = assemble_engine(engines, allowed, options, slo, log)
+    calibration = {n: c.to_json()["seconds"] for n, c in costs.items()}
+    text = engines[allowed[0]]
+    info = {"tpot_slo_s": slo, "accuracy_floor": accuracy}
+    app = create_app(engine, text, api_key=options.api_key, limits=options.limits, info=info)
+    engine.start()
+    return ServerHandle(engine, app, text, accuracy, calibration, slo)
+
+
+def served_names(plan, options: ServeOptions) -> list[str]:
+    """The variants asked for (all of the suite's by default), checked against the suite; single and
+    static serve the first."""
     names = list(options.variants) or [v.name for v in plan.variants]
     unknown = [n for n in names if n not in {v.name for v in plan.variants}]
     if unknown:
@@ -113,17 +155,28 @@ def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> Ser
                               accepted=", ".join(v.name for v in plan.variants))
     if options.policy != "adaptive":
         names = names[:1]
+    return names
+
+
+def has_accuracy_floor(plan) -> bool:
     from ..advise.presets import expand
     req = expand(plan.suite.requirements)
-    floor = req.min_accuracy_retention is not None or req.min_task_accuracy is not None
+    return req.min_accuracy_retention is not None or req.min_task_accuracy is not None
+
+
+def build_engines(planned, calibration_texts, device: str, log=print) -> dict:
+    """name → TorchEngine, each variant built by the library call (`variants.build`) on `device`."""
+    from ..backends.torch_engine import TorchEngine
+    from ..variants import build as variants
     engines = {}
-    for name in dict.fromkeys([*names, *([plan.baseline] if floor else [])]):
-        pv = plan.variant(name)
-        built = variants.build(str(pv.source), pv.definition, options.device,
-                               calibration_texts=plan.calibration_texts)
-        engines[name] = TorchEngine(built.model, built.tokenizer, options.device)
-        log(f"built {name}: {built.facts.recipe}, {', '.join(built.facts.kernels[:2])}")
-    accuracy = accuracy_floor(plan, engines, options.accuracy_samples)
+    for pv in planned:
+        built = variants.build(str(pv.source), pv.definition, device, calibration_texts=calibration_texts)
+        engines[pv.name] = TorchEngine(built.model, built.tokenizer, device)
+        log(f"built {pv.name}: {built.facts.recipe}, {', '.join(built.facts.kernels[:2])}")
+    return engines
+
+
+def _allowed(names: list[str], accuracy: dict, log=print) -> list[str]:
     for name, a in accuracy.items():
         log(f"accuracy floor: {name} {'serves' if a['allowed'] else 'is not served'}: {a['why']}")
     allowed = [n for n in names if accuracy.get(n, {}).get("allowed", True)]
@@ -131,17 +184,22 @@ def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> Ser
         raise VariantlabError("no variant meets the suite's accuracy floor: "
                               + "; ".join(f"{n}: {accuracy[n]['why']}" for n in names), field="requirements",
                               accepted="a lower floor, or variants that keep the task")
+    return allowed
+
+
+def assemble_engine(engines: dict, names: list[str], options: ServeOptions, slo: float | None, log=print):
+    """(ServeEngine, variant → StepCost) over one Lane per name, with the options' policy; the step costs
+    are measured here for `adaptive` only ({} otherwise). The engine is not started."""
     lanes = {}
-    for n in allowed:
+    for n in names:
         try:
             lanes[n] = Lane(n, engines[n], max_rows=options.max_batch, max_len=options.context,
                             chunk=options.prefill_chunk)
         except ValueError as e:
             raise VariantlabError(str(e), field="--variants", accepted="variants with the model's own or gqa "
                                   "attention") from None
-    slo = options.tpot_slo_s if options.tpot_slo_s is not None else tpot_slo(plan.suite)
-    calibration = {}
-    first = allowed[0]
+    costs = {}
+    first = names[0]
     if options.policy == "single":
         policy = SinglePolicy(first)
     elif options.policy == "static":
@@ -149,16 +207,83 @@ def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> Ser
     else:
         from .calibrate import step_cost
         costs = {n: step_cost(lane) for n, lane in lanes.items()}
-        calibration = {n: c.to_json()["seconds"] for n, c in costs.items()}
         for n, c in costs.items():
             log(f"measured {n}: decode step " + ", ".join(f"{b}: {1e3 * s:.2f} ms" for b, s in sorted(c.seconds.items())))
         policy = AdaptivePolicy(costs, tpot_slo_s=slo, max_rows=options.max_batch)
-    engine = ServeEngine(lanes, policy, max_queue=options.max_queue)
-    text = engines[first]
-    info = {"tpot_slo_s": slo, "accuracy_floor": accuracy}
-    app = create_app(engine, text, api_key=options.api_key, limits=options.limits, info=info)
-    engine.start()
-    return ServerHandle(engine, app, text, accuracy, calibration, slo)
+    return ServeEngine(lanes, policy, max_queue=options.max_queue), costs
+
+
+def check_devices(devices) -> None:
+    """Every device asked for exists here: a one-line VariantlabError naming --devices when not."""
+    import torch
+    for d in devices:
+        if not d.startswith("cuda"):
+            continue
+        if not torch.cuda.is_available():
+            raise VariantlabError(f"device {d!r} asked for, but this machine has no CUDA device (torch "
+                                  f"{torch.__version__})", field="--devices", accepted="cpu")
+        index = int(d.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise VariantlabError(f"device {d!r} asked for, but this machine has {torch.cuda.device_count()} "
+                                  "CUDA device(s)", field="--devices",
+                                  accepted="cpu, " + ", ".join(f"cuda:{i}" for i in range(torch.cuda.device_count())))
+
+
+def _build_routed(plan, options: ServeOptions, log=print) -> ServerHandle:
+    """workers > 1: the accuracy floor graded here, then the Router and its worker processes."""
+    import dataclasses
+    import gc
+
+    import torch
+
+    from .workers import Router, WorkerSpec, tokenizer_text
+    names = served_names(plan, options)
+    devices = options.devices or ("cpu",) * options.workers
+    sets = options.worker_variants or (tuple(names),) * options.workers
+    for i, s in enumerate(sets):
+        unknown = [n for n in s if n not in names]
+        if unknown or not s:
+            raise VariantlabError(f"worker {i}'s variants {', '.join(map(repr, unknown)) or '(none)'} are not served",
+                                  field="worker_variants", accepted=", ".join(names))
+    accuracy = {}
+    if has_accuracy_floor(plan):
+        graded = build_engines([plan.variant(n) for n in dict.fromkeys([*names, plan.baseline])],
+                               plan.calibration_texts, devices[0], log)
+        accuracy = accuracy_floor(plan, graded, options.accuracy_samples)
+        del graded                          # the workers build their own; none stays in this process
+        gc.collect()
+        if devices[0].startswith("cuda"):
+            torch.cuda.empty_cache()
+    allowed = _allowed(names, accuracy, log)
+    slo = options.tpot_slo_s if options.tpot_slo_s is not None else tpot_slo(plan.suite)
+    threads = worker_threads(devices, options.threads)
+    specs = []
+    for i, (device, s) in enumerate(zip(devices, sets)):
+        held = [n for n in s if n in allowed]
+        if not held:
+            raise VariantlabError(f"worker {i} holds no variant that meets the accuracy floor", field="worker_variants",
+                                  accepted=", ".join(allowed))
+        worker_options = dataclasses.replace(options, device=device, threads=threads[i], workers=1, devices=(),
+                                             worker_variants=(), variants=tuple(held))
+        specs.append(WorkerSpec(i, tuple(plan.variant(n) for n in held), plan.calibration_texts, worker_options, slo))
+    router = Router(specs, max_queue=options.max_queue, log=log).start()
+    text = tokenizer_text(plan.variant(allowed[0]).source)
+    info = {"tpot_slo_s": slo, "accuracy_floor": accuracy,
+            "workers": [{"worker": s.index, "device": s.options.device, "threads": s.options.threads,
+                         "variants": list(s.options.variants)} for s in specs]}
+    app = create_app(router, text, api_key=options.api_key, limits=options.limits, info=info)
+    return ServerHandle(router, app, text, accuracy, router.calibration(), slo)
+
+
+def worker_threads(devices, threads: int | None) -> list[int]:
+    """Torch threads per worker: `threads` when given; else the CPU workers share this process's cores
+    (at least one each) and a CUDA worker, whose host thread only launches kernels, takes one."""
+    if threads:
+        return [threads] * len(devices)
+    from ..measure.plan import available_cores
+    n_cpu = sum(1 for d in devices if d == "cpu")
+    share = max(1, available_cores() // max(1, n_cpu))
+    return [share if d == "cpu" else 1 for d in devices]
 
 
 def accuracy_floor(plan, engines: dict, n_samples: int) -> dict:
