@@ -522,12 +522,15 @@ def serve(suite: Path = typer.Argument(..., help="suite file (YAML): the model, 
                                                 "the CPU workers share the cores)"),
           workers: Optional[int] = typer.Option(None, "--workers", min=1, help="serving processes, each holding the "
                                                 "variants, requests routed by queue and expected cost "
-                                                "(default: one per --devices entry, else 1: in this process)"),
+                                                "(default: one per --devices entry, else 1)"),
           devices: Optional[str] = typer.Option(None, "--devices", help="comma-separated device per worker, e.g. "
-                                                "cpu,cuda:0 (default: cpu)")) -> None:
+                                                "cpu,cuda:0 (default: cpu)"),
+          in_process: bool = typer.Option(False, "--in-process", help="run the engine in the HTTP server's own "
+                                          "process (one worker; slower under load: both need Python's GIL)")) -> None:
     """Serve the suite's variants behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /metrics), batching continuously; `adaptive` switches variant with load. With
-    --workers N (or several --devices) N worker processes serve side by side behind one router."""
+    --workers N (or several --devices) N worker processes serve side by side behind one router; the engine
+    always runs in a process of its own, apart from HTTP, unless --in-process."""
     from .measure.plan import plan_suite_file
     from .serve.app import ServerLimits
     from .serve.server import ServeOptions, build_server
@@ -539,7 +542,7 @@ def serve(suite: Path = typer.Argument(..., help="suite file (YAML): the model, 
                                max_queue=max_queue, context=context, limits=ServerLimits(max_tokens=max_tokens),
                                api_key=api_key, threads=threads,
                                tpot_slo_s=None if tpot_slo_ms is None else tpot_slo_ms / 1e3,
-                               workers=n_workers, devices=device_list,
+                               workers=n_workers, devices=device_list, engine_process=not in_process,
                                device=device_list[0] if n_workers == 1 and device_list else "cpu")
         plan = plan_suite_file(suite)
         handle = build_server(plan, options, log=lambda line: err_console.print(escape(line), highlight=False,

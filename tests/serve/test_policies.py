@@ -40,14 +40,20 @@ def test_adaptive_starts_on_the_fastest_single_stream_variant_and_switches_past_
     assert p.current == "int4"
     low = view(1, int4=(0, 0, 32), bf16=(0, 0, 32))
     assert p.decide(low).admit == {"int4": 32} and p.current == "int4"
-    busy = view(20, int4=(8, 0, 32), bf16=(0, 0, 32))
-    decisions = [p.decide(busy) for _ in range(PATIENCE)]
+    decisions = [p.decide(view(20, now=10.0 + 0.2 * i, int4=(8, 0, 32), bf16=(0, 0, 32))) for i in range(PATIENCE)]
     assert all(d.switch is None for d in decisions[:-1])                      # no flapping on one look
     switch = decisions[-1].switch
     assert switch["from"] == "int4" and switch["to"] == "bf16" and "demand 28" in switch["reason"]
     assert p.current == "bf16" and decisions[-1].admit == {"bf16": 32}
     # the old lane drains: it is given nothing more
     assert "int4" not in decisions[-1].admit
+
+
+def test_a_challenger_must_keep_winning_for_half_a_second_before_a_switch():
+    p = AdaptivePolicy({"int4": INT4, "bf16": BF16}, tpot_slo_s=0.05, max_rows=32)
+    fast = [p.decide(view(20, now=10.0 + 0.001 * i, int4=(8, 0, 32), bf16=(0, 0, 32))) for i in range(50)]
+    assert all(d.switch is None for d in fast) and p.current == "int4"        # 50 looks in 50 ms
+    assert p.decide(view(20, now=10.6, int4=(8, 0, 32), bf16=(0, 0, 32))).switch["to"] == "bf16"
 
 
 def test_adaptive_caps_the_batch_by_the_slo_then_by_what_the_steps_really_take():

@@ -112,24 +112,28 @@ class OpenAIBackend:
                     text = (await resp.aread()).decode("utf-8", "replace")
                     error = f"HTTP {resp.status_code}: {_message(text)}"
                 else:
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            break
-                        chunk = json.loads(data)
-                        if "error" in chunk:
-                            error = f"stream error: {_message(json.dumps(chunk))}"
-                            break
-                        if chunk.get("usage"):
-                            usage = chunk["usage"]
-                        for choice in chunk.get("choices") or ():
-                            piece = choice.get("text") or ""
-                            if piece:
-                                last = clock()
-                                on_event(TokenEvent(index, -1, last, None, None, text=piece))
-                            finish = choice.get("finish_reason") or finish
+                    lines = resp.aiter_lines()
+                    try:
+                        async for line in lines:
+                            if not line.startswith("data:"):
+                                continue
+                            data = line[5:].strip()
+                            if data == "[DONE]":
+                                break
+                            chunk = json.loads(data)
+                            if "error" in chunk:
+                                error = f"stream error: {_message(json.dumps(chunk))}"
+                                break
+                            if chunk.get("usage"):
+                                usage = chunk["usage"]
+                            for choice in chunk.get("choices") or ():
+                                piece = choice.get("text") or ""
+                                if piece:
+                                    last = clock()
+                                    on_event(TokenEvent(index, -1, last, None, None, text=piece))
+                                finish = choice.get("finish_reason") or finish
+                    finally:
+                        await lines.aclose()      # a stream left at [DONE] is closed now, not by the collector
         except Exception as e:  # noqa: BLE001 - a request that cannot be sent is a failed request, not a crash
             error = f"{type(e).__name__}: {e}"
         on_event(RequestEnd(index, last if last is not None else clock(), finish, usage.get("prompt_tokens"),

@@ -118,6 +118,7 @@ class ServeEngine:
         self.error: str | None = None
         self.recent_step_s: dict[str, collections.deque] = {n: collections.deque(maxlen=64) for n in lanes}
         self.steps = {n: 0 for n in lanes}
+        self.recent_interval_s: dict[str, collections.deque] = {n: collections.deque(maxlen=64) for n in lanes}
         self._last_step: dict[str, float | None] = {}
 
     # ------------------------------------------------------------------ from any thread
@@ -218,10 +219,10 @@ class ServeEngine:
                 t0 = self.clock()
                 stepped = lane.step()
                 now = self.clock()
-                # what a running row waited for this token: since the lane's last step when it ran in the
-                # previous iteration too (prefill chunks and other lanes' steps included), else this step
-                last = self._last_step.get(name)
-                self.recent_step_s[name].append(now - (last if last is not None else t0))
+                self.recent_step_s[name].append(now - t0)      # the bare step: what the batch cap controls
+                last = self._last_step.get(name)                # what a running row waited for this token:
+                if last is not None:                            # prefill chunks and other lanes' steps included
+                    self.recent_interval_s[name].append(now - last)
                 self._last_step[name] = now
                 self.steps[name] += 1
                 self.metrics.batch_size.labels(name).set(len(stepped))
@@ -262,6 +263,9 @@ class ServeEngine:
                     (pinned is not None and not self.policy.admits_pinned(self._lane_view(name)))):
                 keep.append(w)
                 continue
+            if not self._fits(take.get(name, ()), w, decision.prefill_tokens.get(name)):
+                keep.append(w)               # the group is as large as one iteration's prefill budget
+                continue
             take[name].append(w)
             if pinned is None:
                 budget[name] -= 1
@@ -274,10 +278,20 @@ class ServeEngine:
                 self.metrics.queue_wait_seconds.observe(now - w.arrived)
         return decision.prefill_tokens
 
+    @staticmethod
+    def _fits(group, w: _Waiting, tokens: int | None) -> bool:
+        """Whether `w` may join a group under a prefill budget: the padded group (rows × its longest prompt)
+        stays within it, so that a group is prefilled in one iteration (or, alone, in as few as it needs)
+        and newcomers do not wait behind a group many iterations long."""
+        if tokens is None or not group:
+            return True
+        width = max([len(w.request.prompt_ids)] + [len(g.request.prompt_ids) for g in group])
+        return (len(group) + 1) * width <= tokens
+
     def _lane_view(self, name: str) -> LaneView:
         lane = self.lanes[name]
         return LaneView(name, lane.n_active, len(lane.group.requests) if lane.group else 0, lane.max_rows,
-                        tuple(self.recent_step_s[name]), self.steps[name])
+                        tuple(self.recent_step_s[name]), self.steps[name], tuple(self.recent_interval_s[name]))
 
     def _make_row(self, request: ServeRequest, generator, first: int) -> Row:
         lane = self.lanes[self._running[request.request_id].lane]

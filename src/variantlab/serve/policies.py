@@ -13,7 +13,8 @@
   budgeted per iteration to what the SLO leaves after the running rows' decode step, at the measured
   prefill cost per token (chunked prefill, as Sarathi-Serve does), so a burst of arrivals delays the
   newcomers' first token rather than every running request's next one. A switch needs
-  the new variant to win by 10% for PATIENCE decisions in a row (no flapping), and is returned with
+  the new variant to win by 15% for PATIENCE decisions in a row over at least PATIENCE_S (no flapping
+  between variants whose measured steps differ by noise), and is returned with
   its reason (the engine logs and counts it). The lane switched away from drains: its running
   requests finish where they started.
 Variants that fail the suite's accuracy floor are never given to a policy (serve/variants.py).
@@ -24,8 +25,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-PATIENCE = 4            # decisions in a row a new variant must win before the policy switches to it
-MARGIN = 1.10           # … by at least this much throughput
+PATIENCE = 4            # decisions in a row a new variant must win before the policy switches to it …
+PATIENCE_S = 0.5        # … spanning at least this long (decisions come every few ms)
+MARGIN = 1.15           # … by at least this much throughput (calibration varies ~10% run to run)
 HEADROOM = 0.8          # the step-time budget is this share of the TPOT SLO (prefill chunks run between steps)
 FEEDBACK_STEPS = 16     # decode steps the feedback loop judges at a time, each set taken under the current cap
 MIN_PREFILL_TOKENS = 32 # an iteration's prefill budget never goes below this: newcomers always advance
@@ -39,6 +41,7 @@ class LaneView:
     max_rows: int
     recent_step_s: tuple[float, ...] = ()
     steps: int = 0                 # decode steps run so far
+    recent_interval_s: tuple[float, ...] = ()   # between consecutive steps: what a running row waits for a token
 
     @property
     def busy(self) -> bool:
@@ -117,7 +120,8 @@ class StepCost:
 
     variant: str
     seconds: dict[int, float]
-    prefill_s_per_token: float | None = None    # prefill time per prompt token (its most efficient batch)
+    prefill_s_per_token: float | None = None    # prefill time per prompt token …
+    prefill_fixed_s: float = 0.0                # … on top of a fixed time per prefill call
 
     def at(self, batch: int) -> float:
         sizes = sorted(self.seconds)
@@ -141,7 +145,7 @@ class StepCost:
 
     def to_json(self) -> dict:
         return {"variant": self.variant, "seconds": {str(k): v for k, v in sorted(self.seconds.items())},
-                "prefill_s_per_token": self.prefill_s_per_token}
+                "prefill_s_per_token": self.prefill_s_per_token, "prefill_fixed_s": self.prefill_fixed_s}
 
 
 @dataclass
@@ -152,8 +156,10 @@ class AdaptivePolicy:
     name: str = "adaptive"
     current: str | None = None
     caps: dict[str, int] = field(default_factory=dict)
-    _streak: tuple[str | None, int] = (None, 0)
+    _streak: tuple[str | None, int, float] = (None, 0, 0.0)   # (challenger, decisions in a row, since when)
     _adjusted_at: dict[str, int] = field(default_factory=dict)   # lane → its step count at the last cap change
+    prefill_scale: dict[str, float] = field(default_factory=dict)  # lane → share of the computed prefill budget
+    _scaled_at: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.costs:
@@ -175,29 +181,53 @@ class AdaptivePolicy:
         best = max(self.costs, key=lambda n: (self.throughput(n, demand), n == self.current))
         switch = None
         if best != self.current and self.throughput(best, demand) >= MARGIN * self.throughput(self.current, demand):
-            streak = self._streak[1] + 1 if self._streak[0] == best else 1
-            self._streak = (best, streak)
-            if streak >= PATIENCE:
+            challenger, streak, since = self._streak
+            self._streak = (best, streak + 1, since) if challenger == best else (best, 1, view.now)
+            if self._streak[1] >= PATIENCE and view.now - self._streak[2] >= PATIENCE_S:
                 switch = self._switch(best, demand)
         else:
-            self._streak = (None, 0)
+            self._streak = (None, 0, 0.0)
         lane = view.lanes[self.current]
         room = self.caps[self.current] - lane.running - lane.prefilling
         return Decision({self.current: max(0, room)}, switch, self.prefill_budget(view))
 
     def prefill_budget(self, view: LoadView) -> dict[str, int]:
         """Per lane, the prefill tokens one iteration may run so that its running rows' next token still
-        lands within the SLO: (HEADROOM × SLO − the decode steps of every busy lane) ÷ prefill's cost per
-        token (Sarathi-style). At least one chunk's worth of MIN_PREFILL_TOKENS, so newcomers always advance."""
+        lands within the SLO: (HEADROOM × SLO − the decode steps of every busy lane − a prefill call's fixed
+        cost) ÷ its cost per token (Sarathi-style), each measured. Never below the tokens whose cost equals
+        the fixed cost (smaller chunks would spend more on overhead than on prompts), nor MIN_PREFILL_TOKENS."""
         if self.tpot_slo_s is None:
             return {}
-        stepping = sum(self.costs[n].at(v.running) for n, v in view.lanes.items() if v.running and n in self.costs)
+        stepping = sum(self._step_s(n, v) for n, v in view.lanes.items() if v.running and n in self.costs)
         left = HEADROOM * self.tpot_slo_s - stepping
         out = {}
         for name, cost in self.costs.items():
             if cost.prefill_s_per_token:
-                out[name] = max(MIN_PREFILL_TOKENS, int(left / cost.prefill_s_per_token))
+                scale = self._interval_feedback(view.lanes[name]) if name in view.lanes else 1.0
+                floor = max(MIN_PREFILL_TOKENS, int(cost.prefill_fixed_s / cost.prefill_s_per_token))
+                out[name] = max(floor, int(scale * (left - cost.prefill_fixed_s) / cost.prefill_s_per_token))
         return out
+
+    def _interval_feedback(self, lane: LaneView) -> float:
+        """The share of the computed prefill budget a lane gets, held to what running rows really wait: the
+        p90 of the last FEEDBACK_STEPS intervals between its steps past the SLO cuts it by 30%; under 70% of
+        the SLO raises it by 20% (up to the whole budget). Judged once per FEEDBACK_STEPS steps."""
+        scale = self.prefill_scale.get(lane.name, 1.0)
+        recent = sorted(lane.recent_interval_s[-FEEDBACK_STEPS:])
+        if len(recent) < FEEDBACK_STEPS or lane.steps - self._scaled_at.get(lane.name, 0) < FEEDBACK_STEPS:
+            return scale
+        p90 = recent[math.ceil(0.9 * len(recent)) - 1]
+        if p90 > self.tpot_slo_s:
+            scale = max(0.05, scale * 0.7)
+        elif p90 < 0.7 * self.tpot_slo_s:
+            scale = min(1.0, scale * 1.2)
+        self.prefill_scale[lane.name], self._scaled_at[lane.name] = scale, lane.steps
+        return scale
+
+    def _step_s(self, name: str, lane: LaneView) -> float:
+        """A lane's decode step now: the median of its recent steps when it has them, else its calibration."""
+        recent = sorted(lane.recent_step_s[-FEEDBACK_STEPS:])
+        return recent[len(recent) // 2] if recent else self.costs[name].at(lane.running)
 
     def _switch(self, best: str, demand: int) -> dict:
         old = self.current
@@ -205,7 +235,7 @@ class AdaptivePolicy:
         reason = (f"demand {demand}: {best} at batch {b_new} gives {self.throughput(best, demand):,.0f} tok/s "
                   f"({1e3 * self.costs[best].at(b_new):.2f} ms a step), {old} at batch {b_old} "
                   f"{self.throughput(old, demand):,.0f} tok/s ({1e3 * self.costs[old].at(b_old):.2f} ms a step)")
-        self.current, self._streak = best, (None, 0)
+        self.current, self._streak = best, (None, 0, 0.0)
         return {"from": old, "to": best, "reason": reason, "demand": demand}
 
     def _feedback(self, view: LoadView) -> None:

@@ -300,11 +300,11 @@ class Server(Scenario):
 
 
 def _sleep_until(t: float, clock) -> None:
-    while True:
-        left = t - clock()
-        if left <= 0:
-            return
-        time.sleep(min(left, 0.005) if left > 0.0015 else 0)
+    """Sleep to t in one call (no polling: a load generator that wakes often takes the GIL from an engine
+    in the same process; Linux's sleep overshoots by ~0.1 ms, which the send time records)."""
+    left = t - clock()
+    if left > 0:
+        time.sleep(left)
 
 
 def _max_positions(engine) -> int:
