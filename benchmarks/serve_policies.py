@@ -5,8 +5,8 @@ For each model (the shipped reference model; a random-weight 115M Llama, benchma
 1. three real servers, `variantlab serve` in subprocesses on loopback, one per policy:
      single     bf16, one request at a time
      static     bf16, batches of --static-batch, waiting up to 20 ms for one
-     adaptive   bf16 and int4 (weight-only, group 32), continuous batching; it measures both variants'
-                decode steps at start and switches between them with load, holding the TPOT SLO
+     adaptive   bf16, int8 and int4 (weight-only; int4 group 32), continuous batching; it measures each
+                variant's decode step at start and switches between them with load, holding the TPOT SLO
 2. for each rate of the sweep, --rounds rounds; in each round the three policies in a rotated order
    (A B C, B C A, …), each one phase of --duration s of Poisson arrivals after 1 s of warm-up, from
    this process over HTTP (backends/openai_http.py: client-side times, usage token counts). The
@@ -20,7 +20,7 @@ For each model (the shipped reference model; a random-weight 115M Llama, benchma
    --overload s: the share answered 429, whether every accepted request was answered, and the server
    process's peak resident memory (VmHWM).
 
-    python benchmarks/serve_policies.py [--models reference,llama115m] [--rates 5,10,20,40,80,160]
+    python benchmarks/serve_policies.py [--models reference,llama115m] [--rates 10,20,40]
         [--duration 10] [--rounds 2] [--overload 60] [--threads 2]
 
 Nothing here is asserted; the load average is printed. Client and servers share this machine's cores.
@@ -74,7 +74,7 @@ def suite_file(folder: Path, model: str) -> Path:
         from engine_decode import make_checkpoint
         source = str(make_checkpoint(folder / "llama115m"))
     suite = {"name": f"serve-{model}", "model": source, "baseline": "bf16",
-             "variants": [{"name": "bf16", "recipe": "bf16"},
+             "variants": [{"name": "bf16", "recipe": "bf16"}, {"name": "int8", "recipe": "int8"},
                           {"name": "int4", "recipe": "int4", "options": {"group_size": 32}}],
              "workload": {"dataset": {"generator": "structured", "n": 64, "seed": 0},
                           "max_new_tokens": spec["max_new_tokens"], "stop": spec["stop"]},
@@ -88,7 +88,7 @@ def suite_file(folder: Path, model: str) -> Path:
 class ServerProcess:
     def __init__(self, suite: Path, policy: str, threads: int, max_queue: int, static_batch: int, log: Path):
         self.policy, self.port = policy, free_port()
-        variants = "bf16,int4" if policy == "adaptive" else "bf16"
+        variants = "bf16,int8,int4" if policy == "adaptive" else "bf16"
         cmd = [sys.executable, "-m", "variantlab.cli", "serve", str(suite), "--policy", policy, "--variants",
                variants, "--port", str(self.port), "--threads", str(threads), "--max-queue", str(max_queue),
                "--batch-size", str(static_batch)]
@@ -176,7 +176,7 @@ def run_model(model: str, args, folder: Path) -> None:
         for s in servers.values():
             s.wait()
         for line in (folder / f"{model}-adaptive.log").read_text().splitlines():
-            if line.startswith(("measured", "accuracy floor", "serving")):
+            if "measured" in line or line.startswith(("accuracy floor", "serving")):
                 print("  adaptive server: " + line.strip())
         pooled = {(p, r): [] for p in POLICIES for r in args.rates}
         walls = {(p, r): 0.0 for p in POLICIES for r in args.rates}
