@@ -53,10 +53,10 @@ MODELS = {
     # SLOs a user of each would set: the reference model answers in ~4 tokens, ~15 ms alone; the 115M
     # Llama decodes a token in ~10 ms alone (both on this 2-core machine)
     "reference": {"slo": {"ttft_s": 0.1, "tpot_s": 0.025}, "max_new_tokens": 24, "stop": ["\n"],
-                  "rates": [10, 20, 40, 60, 80, 120],
+                  "rates": [10, 20, 40, 60, 80, 120], "duration": 5,
                   "requirements": {"min_accuracy_retention": 0.97}},
     "llama115m": {"slo": {"ttft_s": 0.5, "tpot_s": 0.1}, "max_new_tokens": 32, "stop": [], "requirements": {},
-                  "rates": [0.5, 1, 2, 4, 8, 16]},
+                  "rates": [0.25, 0.5, 1, 1.5, 2, 3], "duration": 20},
 }
 
 
@@ -165,16 +165,18 @@ def run_model(model: str, args, folder: Path) -> None:
     plan = plan_suite_file(suite)
     spec = MODELS[model]
     slo = m.SLO(**spec["slo"])
-    args = argparse.Namespace(**{**vars(args), "rates": args.rates or spec["rates"]})
+    args = argparse.Namespace(**{**vars(args), "rates": args.rates or spec["rates"],
+                                 "duration": args.duration or spec["duration"]})
     settings = WorkloadSettings(spec["max_new_tokens"], tuple(spec["stop"]), spec["slo"])
     print(f"\n== {model}: SLO TTFT ≤ {slo.ttft_s * 1e3:g} ms, TPOT ≤ {slo.tpot_s * 1e3:g} ms; "
           f"{spec['max_new_tokens']} new tokens at most; rates {args.rates} req/s, {args.duration:g} s a phase, "
           f"{args.rounds} rounds, policies rotated", flush=True)
-    servers = {p: ServerProcess(suite, p, args.threads, args.max_queue, args.static_batch, folder / f"{model}-{p}.log")
-               for p in POLICIES}
+    servers = {}
     try:
-        for s in servers.values():
-            s.wait()
+        for p in POLICIES:     # one at a time: a server measures its decode steps at start, on a quiet machine
+            servers[p] = ServerProcess(suite, p, args.threads, args.max_queue, args.static_batch,
+                                       folder / f"{model}-{p}.log")
+            servers[p].wait()
         for line in (folder / f"{model}-adaptive.log").read_text().splitlines():
             if "measured" in line or line.startswith(("accuracy floor", "serving")):
                 print("  adaptive server: " + line.strip())
@@ -234,7 +236,8 @@ def main() -> None:
     ap.add_argument("--models", default="reference,llama115m")
     ap.add_argument("--rates", default=None, type=lambda s: [float(x) for x in s.split(",")],
                     help="req/s (default: per model: 10…120 for the reference model, 0.5…16 for the 115M)")
-    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--duration", type=float, default=None, help="seconds a phase (default: 5 for the reference "
+                    "model, 20 for the 115M, whose requests take a second or more)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--overload", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=2)

@@ -77,3 +77,17 @@ def test_the_prefill_budget_is_what_the_slo_leaves_after_the_running_rows_step()
     crowded = p.decide(view(3, int4=(32, 0, 32)))             # 24 ms steps: nothing left but the floor
     assert crowded.prefill_tokens == {"int4": 32}
     assert AdaptivePolicy({"int4": int4}).decide(view(3, int4=(4, 0, 32))).prefill_tokens == {}   # no SLO
+
+
+def test_a_measured_step_above_a_larger_batchs_is_taken_as_noise():
+    from variantlab.serve.calibrate import monotone, prefill_line
+    assert monotone({1: 1.7, 2: 1.9, 16: 7.8, 32: 4.9}) == {1: 1.7, 2: 1.9, 16: 4.9, 32: 4.9}
+    fixed, per_token = prefill_line({64: 0.0044 + 64e-5, 512: 0.0044 + 512e-5, 2048: 0.0044 + 2048e-5})
+    assert abs(fixed - 0.0044) < 1e-9 and abs(per_token - 1e-5) < 1e-12
+
+
+def test_requests_near_their_ttft_lift_the_prefill_budget():
+    int4 = StepCost("int4", INT4.seconds, prefill_s_per_token=1e-5)
+    p = AdaptivePolicy({"int4": int4}, tpot_slo_s=0.01, ttft_slo_s=0.1, max_rows=32)
+    assert p.decide(view(3, oldest=0.01, int4=(4, 0, 32))).prefill_tokens == {"int4": 400}
+    assert p.decide(view(3, oldest=0.06, int4=(4, 0, 32))).prefill_tokens == {}    # past half its TTFT

@@ -55,6 +55,7 @@ class ServeOptions:
     threads: int | None = None
     accuracy_samples: int = 64             # graded for the accuracy floor
     tpot_slo_s: float | None = None        # overrides the suite's
+    ttft_slo_s: float | None = None        # overrides the suite's (max_ttft_s p95, else slo.ttft_s)
     workers: int = 1                       # serving processes (engine_process or > 1: behind a router)
     engine_process: bool = False           # the engine in a worker process, apart from HTTP (the CLI's default)
     devices: tuple[str, ...] = ()          # one per worker ("cpu", "cuda:N"); (): every worker on the CPU
@@ -124,9 +125,21 @@ def tpot_slo(suite) -> float | None:
     return limits.get("p95") or limits.get("p50") or req.slo.tpot_s
 
 
+def ttft_slo(suite) -> float | None:
+    """The TTFT past which the adaptive policy admits before protecting TPOT: as tpot_slo, for TTFT."""
+    from ..advise.presets import expand
+    req = expand(suite.requirements)
+    limits = req.max_ttft_s or {}
+    return limits.get("p95") or limits.get("p50") or req.slo.ttft_s
+
+
 def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> ServerHandle:
     """Everything but the HTTP listener (module doc)."""
+    import dataclasses
+
     import torch
+    if options.ttft_slo_s is None:
+        options = dataclasses.replace(options, ttft_slo_s=ttft_slo(plan.suite))
     if options.devices:
         check_devices(options.devices)
     if options.workers > 1 or options.engine_process:
@@ -213,7 +226,7 @@ def assemble_engine(engines: dict, names: list[str], options: ServeOptions, slo:
         costs = {n: step_cost(lane) for n, lane in lanes.items()}
         for n, c in costs.items():
             log(f"measured {n}: decode step " + ", ".join(f"{b}: {1e3 * s:.2f} ms" for b, s in sorted(c.seconds.items())))
-        policy = AdaptivePolicy(costs, tpot_slo_s=slo, max_rows=options.max_batch)
+        policy = AdaptivePolicy(costs, tpot_slo_s=slo, ttft_slo_s=options.ttft_slo_s, max_rows=options.max_batch)
     return ServeEngine(lanes, policy, max_queue=options.max_queue), costs
 
 

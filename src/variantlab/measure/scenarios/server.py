@@ -128,8 +128,10 @@ class LocalClient:
             policy = AdaptivePolicy({"v": step_cost(lane)}, tpot_slo_s=None, max_rows=spec.max_batch)
         self.engine = ServeEngine({"v": lane}, policy, max_queue=spec.max_queue, clock=clock).start()
 
-    def set_slo(self, tpot_s: float | None) -> None:
+    def set_slo(self, tpot_s: float | None, ttft_s: float | None = None) -> None:
         policy = self.engine.policy
+        if hasattr(policy, "ttft_slo_s"):
+            policy.ttft_slo_s = ttft_s
         if hasattr(policy, "tpot_slo_s") and tpot_s is not None:
             policy.tpot_slo_s = tpot_s
             policy.caps["v"] = policy.costs["v"].cap(tpot_s * 0.8, policy.max_rows)
@@ -241,9 +243,10 @@ class Server(Scenario):
         if hasattr(backend, "submit"):          # an endpoint: it batches as it does
             client, close = backend, None
         else:
-            max_len = max(64, min(_max_positions(backend), 4096))
+            longest = max(len(backend.encode(s["prompt"])) for s in ctx.samples)   # the cache holds what is sent
+            max_len = min(_max_positions(backend), longest + self.workload.max_new_tokens + 1)
             client = LocalClient(backend, self.spec, max_len, self.clock)
-            client.set_slo(self._slo().tpot_s)
+            client.set_slo(self._slo().tpot_s, self._slo().ttft_s)
             close = client.close
         decode = getattr(client, "decode", None) or (lambda ids: "")
         rng = random.Random(zlib.crc32(self.name.encode()))   # the same arrivals for every variant and round
