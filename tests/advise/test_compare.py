@@ -358,6 +358,28 @@ def test_a_steady_machine_leaves_the_noise_band_as_it_was(tight):
     assert next(m for m in compare_runs(a, b).variants[0].metrics if m.key == TPOT_KEY).verdict == "slower"
 
 
+def test_a_yardstick_unchanged_at_its_point_but_wide_still_bands_the_verdict():
+    """The A/A pair measured on 2026-12-02: the yardstick's B/A was 1.017 at its point but [0.934, 1.089],
+    and a throughput moved 5.1% between the runs with round-to-round CVs of 1.2-1.5%. A band from the point
+    (1.7%) called it "1.05x slower"; the interval's reach bands it. A 1.3x change still gets a verdict."""
+    rng = np.random.default_rng(24)
+    tpot_a = rounds(rng, round_cv=0.006, sample_cv=0.002)
+    tpot_b = [[1.054 * x for x in r] for r in rounds(rng, round_cv=0.006, sample_cv=0.002)]
+    yard_a = rounds(rng, per_round=5, round_cv=0.06, sample_cv=0.01)     # a noisy yardstick: a wide interval
+    yard_b = rounds(rng, per_round=5, round_cv=0.06, sample_cv=0.01)
+    a = run_data("run-a", {"v": tpot_a}, {"v": 100}, machine=yard_a)
+    b = run_data("run-b", {"v": tpot_b}, {"v": 100}, machine=yard_b)
+    drift = machine_drift(a, b)
+    (ratio, low, high), = drift.ratios.values()
+    assert low < 0.97 and high > 1.03 and abs(ratio - 1) < drift.band
+    assert drift.band == pytest.approx(max(high - 1, 1 / low - 1))
+    assert judge_rounds(TPOT, tpot_a, tpot_b).verdict == "slower"          # what the rounds alone say
+    tpot = next(m for m in compare_runs(a, b).variants[0].metrics if m.key == TPOT_KEY)
+    assert tpot.verdict == "not significant" and "the machine's own change" in tpot.reason
+    far = run_data("run-c", {"v": [[1.3 * x for x in r] for r in tpot_b]}, {"v": 100}, machine=yard_b)
+    assert next(m for m in compare_runs(a, far).variants[0].metrics if m.key == TPOT_KEY).verdict == "slower"
+
+
 def test_runs_without_a_yardstick_say_so():
     rng = np.random.default_rng(23)
     a = run_data("run-a", {"v": rounds(rng)}, {"v": 100})

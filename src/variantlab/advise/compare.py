@@ -126,10 +126,13 @@ class VariantChange:
 class MachineDrift:
     """How much faster or slower the machine itself ran in run B than in run A: the yardstick's B/A
     (trackers/machine.py), pooled over every variant's measurements. `band` is what a timing row's
-    interval must clear besides the runs' own noise: the larger yardstick's change, either way (1.5x
-    slower or faster: 0.5). A band, not a correction: a variant whose time does not follow the yardstick
-    (memory-bound work, when the machine lost CPU, not bandwidth) would be called faster if its ratio were
-    divided by the yardstick's, so only a change beyond the machine's own is called."""
+    interval must clear besides the runs' own noise: the farthest change either yardstick's interval
+    allows, either way (1.5x slower or faster: 0.5). Its interval, not its point: a yardstick of 1.017
+    [0.934, 1.089] cannot rule out that the machine ran 8.9% slower, and two quickstart runs minutes
+    apart measured fp16's throughput 5.1% apart with round-to-round CVs of 1.5% (a false "1.05x slower"
+    when the band was the point's 1.7%). A band, not a correction: a variant whose time does not follow
+    the yardstick (memory-bound work, when the machine lost CPU, not bandwidth) would be called faster if
+    its ratio were divided by the yardstick's, so only a change beyond the machine's own is called."""
 
     ratios: dict[str, tuple[float, float | None, float | None]]   # yardstick row label → (B/A, low, high)
     band: float | None                        # None: a run lacks the yardstick (or it had one round)
@@ -318,8 +321,8 @@ def machine_drift(a: RunData, b: RunData, seed: int = 0) -> MachineDrift:
         ratio = 1 + delta.pct / 100
         low, high = (None, None) if delta.low is None else (1 + delta.low / 100, 1 + delta.high / 100)
         ratios[metric.label] = (ratio, low, high)
-        if low is not None and ratio > 0:
-            reach.append(max(ratio - 1, 1 / ratio - 1))
+        if low is not None and low > 0:   # the farthest its interval lets the machine have moved, either way
+            reach.append(max(max(x - 1, 1 / x - 1) for x in (low, ratio, high)))
     if not ratios:
         missing = " and ".join(side for side, r in (("A", a), ("B", b)) if not set(YARDSTICK_ROWS) & set(r.samples))
         return MachineDrift({}, None, f"no machine yardstick in run {missing or 'A or B'} (stored before runs had "
