@@ -125,6 +125,27 @@ def test_a_full_queue_refuses_with_a_retry_after(engine):
     assert "variantlab_requests_rejected_total 1.0" in serving.metrics.exposition().decode()
 
 
+def test_a_policy_that_keeps_a_ttft_slo_refuses_newcomers_while_the_queue_head_is_late(engine):
+    """serve/shedding.py on the engine's own clock: the first request waits (the engine is not started);
+    while it has waited under 60% of the 100 ms TTFT SLO a newcomer joins, then one is refused."""
+    now = [0.0]
+    policy = AdaptivePolicy({"v": StepCost("v", {1: 0.001})}, tpot_slo_s=0.025, ttft_slo_s=0.1)
+    serving = ServeEngine({"v": Lane("v", engine, max_rows=4, max_len=128)}, policy, clock=lambda: now[0])
+    r = requests(engine, 3)
+    serving.submit(r[0], lambda ev: None)
+    now[0] = 0.059
+    serving.submit(r[1], lambda ev: None)
+    assert serving.oldest_wait() == pytest.approx(0.059)
+    now[0] = 0.061
+    with pytest.raises(QueueFull, match="waited 61 ms") as e:
+        serving.submit(r[2], lambda ev: None)
+    assert e.value.retry_after_s >= 1
+    assert "variantlab_requests_rejected_total 1.0" in serving.metrics.exposition().decode()
+    serving.sheds = False                       # a routed worker: the router decides
+    serving.submit(r[2], lambda ev: None)
+    assert serving.queue_length() == 3
+
+
 def test_requests_the_engine_cannot_serve_are_refused_at_submit(engine):
     serving = ServeEngine({"v": Lane("v", engine, max_rows=1, max_len=64)}, SinglePolicy("v"))
     with pytest.raises(ValueError, match="unknown variant 'w'"):

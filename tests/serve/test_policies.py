@@ -1,7 +1,7 @@
 """Batch policies (serve/policies.py) as pure decisions on load views: no model, no clock."""
 from __future__ import annotations
 
-from variantlab.serve.policies import (PATIENCE, AdaptivePolicy, LaneView, LoadView, SinglePolicy, StaticPolicy,
+from variantlab.serve.policies import (MARGIN, PATIENCE, AdaptivePolicy, LaneView, LoadView, SinglePolicy, StaticPolicy,
                                        StepCost)
 
 # DESIGN.md's shape: weight-only int4 is faster at one row and far slower at a few dozen
@@ -91,3 +91,57 @@ def test_requests_near_their_ttft_lift_the_prefill_budget():
     p = AdaptivePolicy({"int4": int4}, tpot_slo_s=0.01, ttft_slo_s=0.1, max_rows=32)
     assert p.decide(view(3, oldest=0.01, int4=(4, 0, 32))).prefill_tokens == {"int4": 400}
     assert p.decide(view(3, oldest=0.06, int4=(4, 0, 32))).prefill_tokens == {}    # past half its TTFT
+
+
+# ---------------------------------------------------------------- holding newcomers to prefill them together
+
+COSTLY_CALLS = StepCost("bf16", BF16.seconds, prefill_s_per_token=1e-5, prefill_fixed_s=0.005)
+
+
+def busy(waiting=1, oldest=0.01, rate=100.0, tokens=90, running=4, prefilling=0) -> LoadView:
+    return LoadView(10.0, waiting, waiting, oldest, {"bf16": LaneView("bf16", running, prefilling, 32)}, rate,
+                    tokens * waiting)
+
+
+def test_under_load_newcomers_are_held_until_their_group_fills_or_the_hold_ends():
+    p = AdaptivePolicy({"bf16": COSTLY_CALLS}, tpot_slo_s=0.025, ttft_slo_s=0.1, max_rows=32)
+    assert p.decide(busy(oldest=0.01)).admit == {"bf16": 0}                  # 100 req/s × 5 ms: held
+    assert p.decide(busy(oldest=0.026)).admit == {"bf16": 28}                # past HOLD × 100 ms: admitted
+    budget = p.decide(busy()).prefill_tokens["bf16"]
+    assert p.decide(busy(waiting=budget // 90 + 1)).admit == {"bf16": 28}    # a full group: admitted
+    assert p.decide(busy(waiting=28)).admit == {"bf16": 28}                  # as many as the lane has room for
+
+
+def test_nothing_is_held_on_an_idle_lane_a_light_load_or_without_a_ttft_slo():
+    p = AdaptivePolicy({"bf16": COSTLY_CALLS}, tpot_slo_s=0.025, ttft_slo_s=0.1, max_rows=32)
+    assert p.decide(busy(running=0)).admit == {"bf16": 32}                   # nobody to share a prefill with
+    assert p.decide(busy(rate=20.0)).admit == {"bf16": 28}                   # 20 req/s × 5 ms = 10% < HOLD_LOAD
+    q = AdaptivePolicy({"bf16": COSTLY_CALLS}, tpot_slo_s=0.025, max_rows=32)
+    assert q.decide(busy()).admit == {"bf16": 28}
+    cheap = AdaptivePolicy({"bf16": StepCost("bf16", BF16.seconds, 1e-5, 0.0)}, tpot_slo_s=0.025, ttft_slo_s=0.1)
+    assert cheap.decide(busy()).admit == {"bf16": 28}                        # calls with no fixed cost: no gain
+
+
+def test_a_prefill_crossover_switches_variant_with_load():
+    """The reference model's costs as measured here (serve/calibrate.py, 2026-12-02): int4's decode step is
+    no slower than bf16's, its prefill call cheaper (2.8 against 5.0 ms) and its prompt tokens dearer (23
+    against 11 µs). For requests of ~124 prompt tokens as prefilled and 3.5 output tokens the two finish
+    as many one at a time (within the switching margin), and bf16 43% more on a busy lane: a crossover
+    that decode tokens/s alone gets the wrong way round."""
+    int4 = StepCost("int4", {1: 0.00244, 8: 0.00296, 16: 0.0036, 32: 0.00435}, 22.7e-6, 0.00284)
+    bf16 = StepCost("bf16", {1: 0.00235, 8: 0.00309, 16: 0.00472, 32: 0.00555}, 11.0e-6, 0.00502)
+    p = AdaptivePolicy({"int4": int4, "bf16": bf16}, tpot_slo_s=0.025, max_rows=32, current="int4")
+    shaped = dict(prompt_tokens=124.0, output_tokens=3.5)
+
+    def look(demand, now):
+        lanes = {"int4": LaneView("int4", min(demand, 32), 0, 32), "bf16": LaneView("bf16", 0, 0, 32)}
+        return p.decide(LoadView(now, 0, 0, 0.0, lanes, **shaped))
+
+    assert all(look(1, 10.0 + 0.2 * i).switch is None for i in range(2 * PATIENCE))
+    assert p.current == "int4" and 1 / MARGIN < p.throughput("int4", 1) / p.throughput("bf16", 1) < MARGIN
+    switches = [look(32, 12.0 + 0.2 * i).switch for i in range(PATIENCE)]
+    assert switches[-1] is not None and switches[-1]["to"] == "bf16" and "req/s" in switches[-1]["reason"]
+    assert "124 prompt tokens" in switches[-1]["reason"]
+    assert p.throughput("bf16", 32) > 1.15 * p.throughput("int4", 32)
+    unshaped = AdaptivePolicy({"int4": int4, "bf16": bf16}, tpot_slo_s=0.025, max_rows=32)
+    assert unshaped.throughput("int4", 32) > unshaped.throughput("bf16", 32)   # decode alone: int4 looks faster

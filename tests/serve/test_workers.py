@@ -308,3 +308,43 @@ def _finished(router, worker: int, reason: str) -> float:
     text = router.worker_expositions()[worker].decode()
     fam = next(f for f in text_string_to_metric_families(text) if f.name == "variantlab_requests_finished")
     return sum(s.value for s in fam.samples if s.labels.get("reason") == reason and s.name.endswith("_total"))
+
+
+def test_the_router_sheds_while_every_adaptive_workers_queue_head_is_late():
+    """serve/shedding.py in the router, from the workers' Load reports and the time since each (its own
+    clock): a worker whose oldest waiting request has waited 60% of the TTFT SLO takes no newcomer; when
+    every worker is late, QueueFull (the HTTP app's 429). Real pipes; no worker process is needed."""
+    import multiprocessing
+
+    from variantlab.serve.engine import QueueFull
+    from variantlab.serve.worker import PROTOCOL, Load, Ready, Submit, WorkerSpec
+    from variantlab.serve.workers import Router, Worker
+
+    now = [100.0]
+    pipes = [multiprocessing.Pipe() for _ in range(2)]
+    specs = [WorkerSpec(i, (), (), ServeOptions(threads=1, ttft_slo_s=0.1)) for i in range(2)]
+    router = Router(specs, clock=lambda: now[0])
+    router.workers = [Worker(s, None, here, Ready(PROTOCOL, s.index, 0, "cpu", "adaptive", {"fp32": 64},
+                                                  {"fp32": {1: 0.001}}), costs={"fp32": {1: 0.001}})
+                      for s, (here, _) in zip(specs, pipes)]
+
+    def report(w, oldest):
+        w.load, w.load_at = Load(1, 0, "fp32", {"fp32": 8}, None, oldest), now[0]
+
+    def send(i):
+        router.submit(ServeRequest(f"r{i}", (1, 2, 3), 4), lambda ev: None)
+
+    report(router.workers[0], 0.050)
+    report(router.workers[1], None)
+    now[0] += 0.015                                   # worker 0's head has waited 65 ms by now
+    send(0)
+    assert router.served_by("r0") == 1 and isinstance(pipes[1][1].recv(), Submit)
+    report(router.workers[1], 0.065)
+    with pytest.raises(QueueFull, match="waited 65 ms"):
+        send(1)
+    assert router.metrics.registry.get_sample_value("variantlab_router_requests_rejected_total") == 1.0
+    report(router.workers[0], None)                   # worker 0 caught up
+    send(2)
+    assert router.served_by("r2") == 0
+    static = Router([WorkerSpec(0, (), (), ServeOptions(threads=1, ttft_slo_s=0.1, policy="static"))])
+    assert static._ttft_slo(Worker(static.specs[0], None, None)) is None    # only adaptive keeps the SLO

@@ -32,18 +32,21 @@ from .lane import Lane, Row
 from .metrics import ServeMetrics
 from .policies import LaneView, LoadView, Policy, SinglePolicy
 from .sampling import SamplingParams
+from .shedding import RETRY_AFTER_S, refusal
 
 log = logging.getLogger("variantlab.serve")
 
 FINISH_CANCELLED = "cancelled"
+ARRIVALS = 64          # recent submits the arrival rate is measured over
 FINISH_ERROR = "error"
 
 
 class QueueFull(Exception):
-    """The engine's queue is at its bound: the server answers 429 with Retry-After."""
+    """The engine's queue is at its bound, or too long to meet the TTFT SLO: the server answers 429 with
+    Retry-After."""
 
-    def __init__(self, retry_after_s: float):
-        super().__init__(f"the queue is full; retry after {retry_after_s:.1f} s")
+    def __init__(self, retry_after_s: float, why: str = "the queue is full"):
+        super().__init__(f"{why}; retry after {retry_after_s:.1f} s")
         self.retry_after_s = retry_after_s
 
 
@@ -106,6 +109,7 @@ class ServeEngine:
         self.max_queue = max_queue
         self.clock = clock
         self.metrics = metrics or ServeMetrics(list(lanes))
+        self.sheds = True          # False in a routed worker: the router sheds, seeing every worker
         self._inbox: collections.deque = collections.deque()
         self._cancel: collections.deque = collections.deque()
         self._waiting: collections.deque[_Waiting] = collections.deque()
@@ -120,6 +124,9 @@ class ServeEngine:
         self.steps = {n: 0 for n in lanes}
         self.recent_interval_s: dict[str, collections.deque] = {n: collections.deque(maxlen=64) for n in lanes}
         self._last_step: dict[str, float | None] = {}
+        self._arrivals: collections.deque[float] = collections.deque(maxlen=ARRIVALS)
+        self._prefilled: collections.deque[int] = collections.deque(maxlen=ARRIVALS)  # padded prompt a request
+        self._outputs: collections.deque[int] = collections.deque(maxlen=ARRIVALS)    # output tokens a request
 
     # ------------------------------------------------------------------ from any thread
 
@@ -138,7 +145,13 @@ class ServeEngine:
             if self.queue_length() >= self.max_queue:
                 self.metrics.rejected.inc()
                 raise QueueFull(self._retry_after())
-            self._inbox.append(_Waiting(request, sink, self.clock()))
+            now = self.clock()
+            late = refusal(self.oldest_wait(now), getattr(self.policy, "ttft_slo_s", None)) if self.sheds else None
+            if late is not None:                     # a policy that keeps a TTFT SLO sheds load (serve/shedding.py)
+                self.metrics.rejected.inc()
+                raise QueueFull(RETRY_AFTER_S, late)
+            self._arrivals.append(now)
+            self._inbox.append(_Waiting(request, sink, now))
             self._wake.notify()
 
     def cancel(self, request_id: str) -> None:
@@ -152,6 +165,15 @@ class ServeEngine:
 
     def running(self) -> int:
         return len(self._running)
+
+    def oldest_wait(self, now: float | None = None) -> float | None:
+        """Seconds the oldest request not yet admitted has waited (None: none waits); from any thread."""
+        now = self.clock() if now is None else now
+        try:
+            first = self._waiting[0] if self._waiting else self._inbox[0]
+        except IndexError:            # emptied under us by the engine thread
+            return None
+        return now - first.arrived
 
     def start(self) -> "ServeEngine":
         self._thread = threading.Thread(target=self._loop, name="variantlab-serve-engine", daemon=True)
@@ -239,8 +261,14 @@ class ServeEngine:
         now = self.clock()
         lanes = {n: self._lane_view(n) for n in self.lanes}
         oldest = now - self._waiting[0].arrived if self._waiting else 0.0
-        unpinned = sum(1 for w in self._waiting if w.request.variant is None)
-        return LoadView(now, len(self._waiting), unpinned, oldest, lanes)
+        free = [w for w in self._waiting if w.request.variant is None]
+        return LoadView(now, len(self._waiting), len(free), oldest, lanes, self._arrival_rate(now),
+                        sum(len(w.request.prompt_ids) for w in free), _mean(self._prefilled), _mean(self._outputs))
+
+    def _arrival_rate(self, now: float) -> float:
+        """Requests/s over the last ARRIVALS submits, up to now (it decays when arrivals stop)."""
+        t = self._arrivals
+        return (len(t) - 1) / (now - t[0]) if len(t) > 1 and now > t[0] else 0.0
 
     def _admit(self) -> dict[str, int]:
         """Admit what the policy lets in; the prefill token budget it set for this iteration."""
@@ -273,6 +301,7 @@ class ServeEngine:
         now = self.clock()
         for name, items in take.items():
             self.lanes[name].start_group([w.request for w in items])
+            self._prefilled.extend([max(len(w.request.prompt_ids) for w in items)] * len(items))
             for w in items:
                 self._running[w.request.request_id] = _Running(w.request, w.sink, w.arrived, name)
                 self.metrics.queue_wait_seconds.observe(now - w.arrived)
@@ -333,6 +362,8 @@ class ServeEngine:
         if run.row is not None and run.row in self.lanes[run.lane].rows:
             self.lanes[run.lane].release(run.row)
         self.metrics.finished.labels(why).inc()
+        if run.tokens:
+            self._outputs.append(run.tokens)
         if run.first_at is not None and run.tokens > 1:
             self.metrics.tpot_seconds.observe((run.last_at - run.first_at) / (run.tokens - 1))
         if run.first_at is not None:
@@ -382,6 +413,10 @@ class ServeEngine:
         per_step = sum(steps) / len(steps) if steps else 0.05
         rows = max(1, sum(lane.max_rows for lane in self.lanes.values()))
         return max(1.0, self.queue_length() / rows * per_step * 16)
+
+
+def _mean(values) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 __all__ = ["ServeEngine", "ServeRequest", "StreamEvent", "QueueFull", "FINISH_CANCELLED", "FINISH_ERROR",

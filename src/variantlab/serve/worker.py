@@ -28,7 +28,7 @@ from typing import Any, Callable
 from ..errors import VariantlabError
 from .engine import FINISH_ERROR, QueueFull, ServeRequest, StreamEvent
 
-PROTOCOL = 1              # the records below; a worker speaking another version is refused at the handshake
+PROTOCOL = 2              # the records below; a worker speaking another version is refused at the handshake
 REPORT_S = 0.02           # a worker sends its load at most this often (and only when it changed)
 
 
@@ -106,6 +106,7 @@ class Load:
     current: str                          # the variant an unpinned request runs on now
     rows: dict[str, int]                  # variant → rows its policy runs together now
     error: str | None = None              # the worker engine's last step failure (it failed those requests)
+    oldest_wait_s: float | None = None    # how long the oldest request not yet admitted has waited (the router sheds)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         send(Failed(spec.index, e.one_line() if user else f"{type(e).__name__}: {e}", user))
         conn.close()
         return
+    engine.sheds = False          # the router sheds load (serve/shedding.py): a refusal here could not be a 429
     engine.start()
     send(Ready(PROTOCOL, spec.index, os.getpid(), spec.options.device, engine.policy.name,
                {n: lane.max_len for n, lane in engine.lanes.items()},
@@ -204,7 +206,8 @@ def _report(engine, send, done: threading.Event) -> None:
     while not done.wait(REPORT_S):
         try:
             load = Load(engine.queue_length(), engine.running(), _current(engine.policy),
-                        {n: _rows(engine.policy, n, lane.max_rows) for n, lane in engine.lanes.items()}, engine.error)
+                        {n: _rows(engine.policy, n, lane.max_rows) for n, lane in engine.lanes.items()}, engine.error,
+                        engine.oldest_wait())
         except RuntimeError:      # a deque changed size under us: next time
             continue
         if load != last:

@@ -55,6 +55,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import VariantlabError
 from .engine import FINISH_CANCELLED, FINISH_ERROR, QueueFull, ServeRequest, StreamEvent
+from .shedding import RETRY_AFTER_S, refusal
 from .worker import (PROTOCOL, Built, Calibrate, Cancel, Failed, Load, Log, MetricsQuery, MetricsReply, Ready, Stop,
                      Submit, WorkerSpec, worker_main)
 
@@ -104,6 +105,7 @@ class Worker:
     reader: threading.Thread | None = None
     costs: dict = field(default_factory=dict)   # variant → the step seconds routing uses (routing_costs)
     metrics_text: bytes = b""            # its last exposition
+    load_at: float = 0.0                 # when its last Load report came (the router's clock)
     last_error: str | None = None
 
     @property
@@ -267,6 +269,11 @@ class Router:
             if not open_:
                 self.metrics.rejected.inc()
                 raise QueueFull(max(1.0, min(self.expected_s(w, request) for w in able)))
+            late = {w.index: refusal(self._head_wait(w), self._ttft_slo(w)) for w in open_}
+            if all(late.values()):
+                self.metrics.rejected.inc()
+                raise QueueFull(RETRY_AFTER_S, late[open_[0].index])
+            open_ = [w for w in open_ if late[w.index] is None]
             expected = {w.index: self.expected_s(w, request) for w in open_}
             best = min(expected.values())
             near = [w for w in open_ if expected[w.index] <= best * ROUTE_MARGIN]
@@ -304,6 +311,18 @@ class Router:
         b = max(1, min(rows, self._in_flight(w) + 1))
         return (self._outstanding(w) + request.max_new_tokens) * _step_s(w.costs[variant], b) / b
 
+    def _head_wait(self, w: Worker) -> float | None:
+        """How long the oldest request waiting on `w` has waited now, from its last Load report (sent every
+        REPORT_S while requests wait) and the time since."""
+        if w.load is None or w.load.oldest_wait_s is None:
+            return None
+        return w.load.oldest_wait_s + (self.clock() - w.load_at)
+
+    @staticmethod
+    def _ttft_slo(w: Worker) -> float | None:
+        """The TTFT SLO a worker's policy keeps, by which the router sheds (adaptive only)."""
+        return w.spec.options.ttft_slo_s if w.spec.options.policy == "adaptive" else None
+
     def _current(self, w: Worker) -> str:
         return w.load.current if w.load else next(iter(w.ready.max_len))
 
@@ -340,7 +359,7 @@ class Router:
                 if isinstance(msg, StreamEvent):
                     self._on_event(msg)
                 elif isinstance(msg, Load):
-                    w.load = msg
+                    w.load, w.load_at = msg, self.clock()
                     if msg.error and msg.error != w.last_error:
                         self._log(f"worker {w.index}: a serving step failed: {msg.error}")
                     w.last_error = msg.error
@@ -459,7 +478,7 @@ class _RouterMetrics:
         self.routed = Counter(p + "routed_requests", "requests routed to each worker", ["worker"], registry=r)
         self.deaths = Counter(p + "worker_deaths", "workers that died while serving", registry=r)
         self.alive = Gauge(p + "workers_alive", "workers taking requests", registry=r)
-        self.rejected = Counter(p + "requests_rejected", "requests refused because every worker was full (429)",
+        self.rejected = Counter(p + "requests_rejected", "requests refused (429): every worker full, or late on the TTFT SLO (shedding)",
                                 registry=r)
 
     def exposition(self) -> bytes:
