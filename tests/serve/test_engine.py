@@ -173,3 +173,24 @@ def test_requests_pinned_to_a_full_lane_wait_their_turn(engine):
     reqs = [ServeRequest(f"p{i}", tuple(engine.encode("hello world")), 4, variant="v") for i in range(6)]
     c = run_all(ServeEngine({"v": lane}, AdaptivePolicy({"v": StepCost("v", {1: 0.001})}, max_rows=2)), reqs)
     assert all(c.events[r.request_id][-1].finish_reason in (FINISH_STOP, FINISH_LENGTH) for r in reqs)
+
+
+def test_every_switch_is_logged_with_its_reason_and_counted(engine):
+    """A policy that switches on its first look: the engine hands the line to on_switch (the server's log;
+    a routed worker's goes up its pipe) and counts it in /metrics."""
+    from variantlab.serve.policies import Decision
+
+    class Switching(SinglePolicy):
+        def decide(self, view):
+            return Decision({"b": 1}, {"from": "a", "to": "b", "reason": "demand 9: b is faster", "demand": 9})
+
+    lines = []
+    serving = ServeEngine({"a": Lane("a", engine, max_rows=2, max_len=128), "b": Lane("b", engine, max_rows=2,
+                                                                                      max_len=128)}, Switching("a"))
+    serving.on_switch = lines.append
+    serving.submit(requests(engine, 1)[0], lambda ev: None)
+    serving._take_inbox()
+    serving.iterate()
+    assert lines == ["switch a → b: demand 9: b is faster"]
+    counted = 'variantlab_variant_switches_total{from_variant="a",to_variant="b"} 1.0'
+    assert counted in serving.metrics.exposition().decode()

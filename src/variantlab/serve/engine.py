@@ -110,6 +110,7 @@ class ServeEngine:
         self.clock = clock
         self.metrics = metrics or ServeMetrics(list(lanes))
         self.sheds = True          # False in a routed worker: the router sheds, seeing every worker
+        self.on_switch: Callable[[str], None] | None = None   # where a switch's line goes besides logging
         self._inbox: collections.deque = collections.deque()
         self._cancel: collections.deque = collections.deque()
         self._waiting: collections.deque[_Waiting] = collections.deque()
@@ -278,7 +279,10 @@ class ServeEngine:
         if decision.switch is not None:
             self.switches.append(decision.switch)
             self.metrics.switches.labels(decision.switch["from"], decision.switch["to"]).inc()
-            log.info("switch %s → %s: %s", decision.switch["from"], decision.switch["to"], decision.switch["reason"])
+            line = f"switch {decision.switch['from']} → {decision.switch['to']}: {decision.switch['reason']}"
+            log.info(line)
+            if self.on_switch is not None:
+                self.on_switch(line)
         take: dict[str, list[_Waiting]] = collections.defaultdict(list)
         budget = dict(decision.admit)                 # lane → how many unpinned requests it may take
         keep: collections.deque[_Waiting] = collections.deque()

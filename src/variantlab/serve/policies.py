@@ -175,6 +175,7 @@ class AdaptivePolicy:
     prefill_scale: dict[str, float] = field(default_factory=dict)  # lane → share of the computed prefill budget
     _scaled_at: dict[str, int] = field(default_factory=dict)
     shape: tuple[float | None, float | None] = (None, None)   # (prompt tokens as prefilled, output tokens) a request
+    planned_caps: dict[str, int] = field(default_factory=dict)  # the caps from calibration: what variants rank by
 
     def __post_init__(self) -> None:
         if not self.costs:
@@ -182,19 +183,23 @@ class AdaptivePolicy:
         budget = None if self.tpot_slo_s is None else self.tpot_slo_s * HEADROOM
         for name, cost in self.costs.items():
             self.caps.setdefault(name, cost.cap(budget, self.max_rows))
+        self.planned_caps = dict(self.caps)
         if self.current is None:
             self.current = max(self.costs, key=lambda n: self.throughput(n, 1))
 
     def throughput(self, name: str, demand: int) -> float:
-        """Requests/s `name` would finish at this demand, its batch b = the demand within its cap, from its
-        measured costs and the requests seen lately (`shape`: P prompt tokens a request as prefilled, padding
-        included; O output tokens a request). Each iteration steps b rows and, in steady state, admits
+        """Requests/s `name` would finish at this demand, its batch b = the demand within its planned cap
+        (from calibration: the feedback loop's cuts answer this machine's load, which would slow any variant
+        alike, so ranking by them would let one transient cut switch variant), from its measured costs and
+        the requests seen lately (`shape`: P prompt tokens a request as prefilled, padding included; O
+        output tokens a request). Each iteration steps b rows and, in steady state, admits
         g = b / O newcomers in min(1, g) prefill calls, so T = step(b) + min(1, g) × fixed + g × P × per
         token, and the rate is g / T. On the reference model weight-only int4's prefill call costs less
-        than bf16's (2.8 against 5.0 ms) and its tokens more (23 against 11 µs), so int4 wins one request at
-        a time and bf16 a busy lane: a crossover in prefill, not in the decode step. Before any request is
-        seen (or with no prefill costs measured) the rate is decode tokens/s, b / step(b)."""
-        b = max(1, min(demand, self.caps[name]))
+        than bf16's (2.8 against 5.0 ms) and its tokens more (23 against 11 µs), so the two are even one
+        request at a time and bf16 wins a busy lane: a crossover in prefill, not in the decode step.
+        Before any request is seen (or with no prefill costs measured) the rate is decode tokens/s,
+        b / step(b)."""
+        b = max(1, min(demand, self.planned_caps[name]))
         cost = self.costs[name]
         prompt, output = self.shape
         if prompt is None or output is None or cost.prefill_s_per_token is None:
@@ -282,7 +287,7 @@ class AdaptivePolicy:
 
     def _switch(self, best: str, demand: int) -> dict:
         old = self.current
-        b_old, b_new = (max(1, min(demand, self.caps[n])) for n in (old, best))
+        b_old, b_new = (max(1, min(demand, self.planned_caps[n])) for n in (old, best))
         unit = "tok/s" if self.shape[0] is None or self.shape[1] is None else "req/s"
         seen = "" if unit == "tok/s" else (f" (requests of {self.shape[0]:.0f} prompt tokens as prefilled, "
                                            f"{self.shape[1]:.1f} output tokens)")

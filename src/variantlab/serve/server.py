@@ -227,7 +227,9 @@ def assemble_engine(engines: dict, names: list[str], options: ServeOptions, slo:
         for n, c in costs.items():
             log(f"measured {n}: decode step " + ", ".join(f"{b}: {1e3 * s:.2f} ms" for b, s in sorted(c.seconds.items())))
         policy = AdaptivePolicy(costs, tpot_slo_s=slo, ttft_slo_s=options.ttft_slo_s, max_rows=options.max_batch)
-    return ServeEngine(lanes, policy, max_queue=options.max_queue), costs
+    engine = ServeEngine(lanes, policy, max_queue=options.max_queue)
+    engine.on_switch = log            # every switch, with its reason, where the server's log goes
+    return engine, costs
 
 
 def check_devices(devices) -> None:

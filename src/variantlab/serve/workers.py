@@ -478,8 +478,8 @@ class _RouterMetrics:
         self.routed = Counter(p + "routed_requests", "requests routed to each worker", ["worker"], registry=r)
         self.deaths = Counter(p + "worker_deaths", "workers that died while serving", registry=r)
         self.alive = Gauge(p + "workers_alive", "workers taking requests", registry=r)
-        self.rejected = Counter(p + "requests_rejected", "requests refused (429): every worker full, or late on the TTFT SLO (shedding)",
-                                registry=r)
+        self.rejected = Counter(p + "requests_rejected", "requests refused (429): every worker full, or late on "
+                                "the TTFT SLO (shedding)", registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry) + relabel(self.router.worker_expositions())

@@ -134,7 +134,7 @@ class LocalClient:
             policy.ttft_slo_s = ttft_s
         if hasattr(policy, "tpot_slo_s") and tpot_s is not None:
             policy.tpot_slo_s = tpot_s
-            policy.caps["v"] = policy.costs["v"].cap(tpot_s * 0.8, policy.max_rows)
+            policy.caps["v"] = policy.planned_caps["v"] = policy.costs["v"].cap(tpot_s * 0.8, policy.max_rows)
 
     def submit(self, index: int, request: GenerationRequest, on_event) -> None:
         from ...serve.engine import QueueFull, ServeRequest
