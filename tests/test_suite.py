@@ -218,6 +218,25 @@ def test_invalid_variant_name(tmp_path):
     assert err.field == "variants[0].name" and "'has space'" in str(err)
 
 
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", "a\\b", ".hidden", ""])
+def test_a_suite_name_that_is_not_a_safe_folder_name_is_refused(tmp_path, name):
+    """The name is the artifacts folder (./artifacts/NAME): it must not lead outside it (issue 13)."""
+    err = suite_error(write(tmp_path, MINIMAL + f"name: '{name}'\n"))
+    assert err.field == "name" and "pattern" in str(err)
+
+
+def test_a_suite_name_with_spaces_and_dots_is_kept(tmp_path):
+    assert load_suite(write(tmp_path, MINIMAL + "name: my suite v1.2\n")).name == "my suite v1.2"
+
+
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    """YAML keeps the last of two equal keys without a word; a suite refuses them (issue 13)."""
+    err = suite_error(write(tmp_path, MINIMAL + "rounds: 5\nseed: 1\nrounds: 1\n"))
+    assert err.field == "line 6, column 1" and "'rounds' appears twice" in str(err)
+    nested = suite_error(write(tmp_path, "model: x\nvariants:\n  - name: a\n    recipe: int8\n    recipe: int4\n"))
+    assert nested.field == "line 5, column 5" and "'recipe'" in str(nested)
+
+
 def test_invalid_literal_lists_accepted_values(tmp_path):
     err = suite_error(write(tmp_path, MINIMAL + "device: tpu\n"))
     assert err.field == "device" and "'tpu'" in str(err)

@@ -218,7 +218,9 @@ class OutputSpec(_Frozen):
 class Suite(_Frozen):
     """A suite: the model, its variants, the workload and the requirements."""
 
-    name: str = "suite"
+    name: str = Field("suite", pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$", max_length=64,
+                      description="the suite's name; also its artifacts folder (./artifacts/NAME), so no path "
+                                  "separators and no leading dot: '../../x' would write outside ./artifacts")
     model: str | None = Field(None, description="'builtin:tiny-structured' or a local Hugging Face causal-LM "
                                                 "directory (needed unless every variant is an endpoint or has its own)")
     baseline: str | None = Field(None, description="name of the baseline variant (default: the first)")
@@ -254,6 +256,29 @@ def suite_json_schema() -> dict:
 
 # ---------------------------------------------------------------- loading and error messages
 
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, where: str):
+        super().__init__(f"duplicate key {key!r} at {where}")
+        self.key, self.where = key, where
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader, except that a key given twice in one mapping is an error, not silently the last
+    one (`rounds: 5` then `rounds: 1` further down ran one round)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                continue                  # SafeLoader's own error for an unhashable key follows
+            if key in seen:
+                mark = key_node.start_mark
+                raise DuplicateKey(str(key), f"line {mark.line + 1}, column {mark.column + 1}")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_suite(path: str | Path) -> Suite:
     """Read, parse and validate a suite file; every failure is a one-line SuiteError."""
     path = Path(path)
@@ -265,7 +290,10 @@ def load_suite(path: str | Path) -> Suite:
         raise SuiteError(f"cannot read suite file: {e.__class__.__name__}", file=str(path),
                          accepted="a UTF-8 YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)   # noqa: S506 - a SafeLoader that refuses duplicate keys
+    except DuplicateKey as e:
+        raise SuiteError(f"the key '{e.key}' appears twice in one mapping (YAML would keep only the last)",
+                         file=str(path), field=e.where, accepted="each key once per mapping") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
