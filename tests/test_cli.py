@@ -155,6 +155,16 @@ def test_dataset_make_writes_n_lines(tmp_path):
     assert all({"prompt", "answer"} <= json.loads(line).keys() for line in lines)
 
 
+def test_dataset_make_into_a_missing_folder_or_under_a_file_is_one_line(tmp_path):
+    """Issue 13: these were FileNotFoundError / NotADirectoryError tracebacks."""
+    (tmp_path / "afile").write_text("x")
+    assert_one_line_error(run_cli("dataset", "make", "--n", "2", "-o", "missing/x.jsonl", cwd=tmp_path),
+                          "--out", "missing does not exist")
+    assert_one_line_error(run_cli("dataset", "make", "--n", "2", "-o", "afile/x.jsonl", cwd=tmp_path),
+                          "--out", "afile is a file, not a folder")
+    assert_one_line_error(run_cli("dataset", "make", "--n", "2", "-o", ".", cwd=tmp_path), "a folder, not a file")
+
+
 def test_runs_with_a_missing_store_exits_2_and_creates_nothing(tmp_path):
     assert_one_line_error(run_cli("runs", "--store", "missing.sqlite", cwd=tmp_path), "missing.sqlite")
     assert not (tmp_path / "missing.sqlite").exists()

@@ -565,8 +565,16 @@ def dataset_make(n: int = typer.Option(100_000, "--n", min=1, help="number of sa
                  out: Path = typer.Option(..., "-o", "--out", help="JSONL file to write")) -> None:
     """Write N structured samples (prompt, answer, kind, format, task) as JSONL."""
     from .data.structured import generate_samples, write_jsonl
+    from .report.files import check_output_file
     t0 = time.perf_counter()
-    write_jsonl(generate_samples(n, seed), out)
+    try:
+        check_output_file(out, "--out")          # a missing folder, a file in the path: one line, exit 2
+        write_jsonl(generate_samples(n, seed), out)
+    except VariantlabError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(VariantlabError(f"cannot write it: {e.strerror}", file=str(out), field="--out",
+                              accepted="a writable file path"))
     err_console.print(f"wrote {n:,} samples to {out} in {time.perf_counter() - t0:.2f} s", highlight=False)
 
 
