@@ -133,6 +133,7 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     if as_json:
         from .report.files import results_json_text
         print(results_json_text(result.to_json()))     # results.json's text: schema variantlab.results/1
+        _exit_unless_all_ok(result.comparison.status)
         return
     _print_comparison(result.comparison, f"{result.suite_name} — run {result.run_id}", all_rows)
     _print_explanations(result)
@@ -142,6 +143,17 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     console.print(f"wrote {result.output_dir}/report.md, results.json, results.csv; "
                   f"stored run {result.run_id} in {result.store_path} ({result.wall_s:.1f} s)",
                   highlight=False)
+    _exit_unless_all_ok(result.comparison.status)
+
+
+def _exit_unless_all_ok(status: dict[str, str]) -> None:
+    """bench's and build's exit status: 0 when every variant was measured (or built), 1 when any failed or
+    was unsupported (the others' results are kept and printed all the same), 2 for bad input (`_fail`)."""
+    bad = {n: s for n, s in status.items() if s != "ok"}
+    if bad:
+        err_console.print(f"{len(bad)} of {len(status)} variants did not finish: "
+                          + ", ".join(f"{n} ({s})" for n, s in bad.items()) + "; exit status 1", highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -183,8 +195,7 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     built = sum(r.status == "ok" for r in results.values())
     console.print(f"built {built} of {len(results)} variants into {out_dir} ({time.perf_counter() - t0:.1f} s)",
                   highlight=False)
-    if not built:
-        raise typer.Exit(1)
+    _exit_unless_all_ok({n: r.status for n, r in results.items()})
 
 
 @app.command()

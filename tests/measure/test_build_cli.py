@@ -57,7 +57,8 @@ def built(tmp_path_factory):
 @pytest.mark.slow
 def test_build_writes_one_artifact_per_variant_and_prints_the_table(built):
     suite, out, proc = built
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr           # one variant unsupported here: not all built
+    assert "1 of 4 variants did not finish: sparse (unsupported" in proc.stderr
     for header in ("variant", "recipe", "bits per weight", "size on disk", "build time"):
         assert header in proc.stdout
     lines = {ln.split("│")[1].strip(): ln for ln in proc.stdout.splitlines() if ln.count("│") > 5}
@@ -87,7 +88,7 @@ def test_bench_measures_built_variants_from_their_artifacts(built, tmp_path):
     """fp32 and int4 reuse the artifacts `build` wrote; w4a8 has none there and is built in the run folder.
     Every variant, dtype ones too, is measured from an artifact stored in its own dtype."""
     _, artifacts, proc = built
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr           # sparse is unsupported here; the others built
     suite = _write_suite(tmp_path, [{"name": "fp32"}, {"name": "int4", "recipe": "int4", "options": {"group_size": 64}},
                                     {"name": "w4a8", "recipe": "w4a8"}])
     result = run_bench(suite, artifacts_dir=artifacts)

@@ -81,11 +81,15 @@ def broken_model_dir(tmp_path_factory) -> Path:
 
 
 def test_a_failing_variant_is_recorded_with_its_reason_and_the_others_go_on(tmp_path, broken_model_dir):
+    """…through the CLI, which then exits 1 (0: all measured; 1: some variant failed; 2: bad input)."""
     suite = _write_suite(tmp_path, [{"name": "base"}, {"name": "broken", "model": str(broken_model_dir)}])
-    c = variantlab.bench(suite).comparison
-    assert c.status == {"base": "ok", "broken": "failed"}
-    assert "do not match" in c.reasons["broken"] or "shape" in c.reasons["broken"], c.reasons["broken"]
-    assert c.row("single-stream.tpot_p50").cells["base"].value > 0
+    proc = _cli("bench", suite, "--json")
+    assert proc.returncode == 1, proc.stderr
+    assert "1 of 2 variants did not finish: broken (failed); exit status 1" in proc.stderr
+    c = json.loads(proc.stdout)["comparison"]
+    assert c["status"] == {"base": "ok", "broken": "failed"}
+    assert "do not match" in c["reasons"]["broken"] or "shape" in c["reasons"]["broken"], c["reasons"]["broken"]
+    assert {r["key"]: r for r in c["rows"]}["single-stream.tpot_p50"]["cells"]["base"]["value"] > 0
 
 
 def test_cli_prints_the_headline_table_within_100_columns_and_show_reprints_it(tmp_path):
