@@ -142,6 +142,17 @@ def test_jsonl_samples_keep_their_ids_as_strings(tmp_path):
     assert plan.samples[1]["prompt"] == "b?"
 
 
+def test_a_jsonl_shorter_than_the_n_asked_for_is_refused_unless_n_is_the_default(tmp_path):
+    """Issue 13: 3 records against n: 5 measured 3 samples without a word."""
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"{i}?", "answer": "a"}) + "\n"
+                                                 for i in range(3)))
+    with pytest.raises(DatasetError) as e:
+        plan_suite_file(write_suite(tmp_path, workload={"dataset": {"path": "data.jsonl", "n": 5}}))
+    assert e.value.field == "workload.dataset.n" and "3 records, fewer than the n: 5" in e.value.one_line()
+    assert "n: 3 or less" in e.value.one_line() and "data.jsonl" in e.value.one_line()
+    assert len(plan_suite_file(write_suite(tmp_path, workload={"dataset": {"path": "data.jsonl"}})).samples) == 3
+
+
 def test_calibration_defaults_to_the_workload_samples(tmp_path):
     plan = plan_suite_file(write_suite(tmp_path))
     assert plan.calibration_texts == texts(plan.samples)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.jsonl import load_jsonl
+from ..errors import DatasetError
 from ..data.structured import generate_samples
 from ..models.loading import check_model_dir, resolve_model_path
 from ..suite import Suite, load_suite
@@ -98,10 +99,18 @@ def available_cores(cpu_max: str | Path = "/sys/fs/cgroup/cpu.max") -> int:
     return cores
 
 
-def dataset_samples(ds, base_dir: Path) -> list[dict]:
+def dataset_samples(ds, base_dir: Path, field: str = "workload.dataset") -> list[dict]:
+    """The dataset's samples, each with a string id. A JSONL file shorter than an `n` the suite gives
+    explicitly is an error (it measured fewer samples than asked, silently); without `n`, a file may be
+    shorter than the default."""
     if ds.path is not None:
         p = Path(ds.path)
-        samples = load_jsonl(p if p.is_absolute() else base_dir / p, limit=ds.n)
+        path = p if p.is_absolute() else base_dir / p
+        samples = load_jsonl(path, limit=ds.n)
+        if "n" in ds.model_fields_set and len(samples) < ds.n:
+            raise DatasetError(f"the file has {len(samples)} records, fewer than the n: {ds.n} asked for",
+                               file=str(path), field=f"{field}.n",
+                               accepted=f"n: {len(samples)} or less, or a file with {ds.n} records")
     else:
         samples = generate_samples(ds.n, ds.seed)
     return [dict(s) | {"id": str(s.get("id", i))} for i, s in enumerate(samples)]
@@ -112,7 +121,7 @@ def _calibration(suite: Suite, base_dir: Path, samples: list[dict]) -> list[dict
     use (so that a calibrated recipe's KLD is not measured on its own calibration text), or all of them
     when fewer than MIN_CALIBRATION would be left."""
     if suite.calibration:
-        return dataset_samples(suite.calibration, base_dir)
+        return dataset_samples(suite.calibration, base_dir, "calibration")
     rest = samples[suite.workload.accuracy.samples:]
     return rest if len(rest) >= MIN_CALIBRATION else samples
 
