@@ -76,6 +76,15 @@ def test_build_writes_one_artifact_per_variant_and_prints_the_table(built):
     assert sizes["int4"] < sizes["int8"] < sizes["fp32"] / 3
 
 
+def test_build_out_under_a_file_is_one_line_and_exit_2(tmp_path):
+    """Issue 13: this was a NotADirectoryError traceback."""
+    from tests.test_cli import assert_one_line_error
+    (tmp_path / "afile").write_text("x")
+    suite = _write_suite(tmp_path, [{"name": "fp32"}])
+    assert_one_line_error(_cli("build", suite, "--out", "afile/x", cwd=tmp_path), "--out",
+                          "cannot create the artifacts folder", "afile/x")
+
+
 def test_build_of_a_missing_suite_is_one_line_and_exit_2(tmp_path):
     proc = _cli("build", tmp_path / "nope.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -96,6 +96,16 @@ def run_bench(suite_path: str | Path, *, rounds: int | None = None, **kwargs) ->
     return run_plan(plan.with_rounds(rounds) if rounds is not None else plan, **kwargs)
 
 
+def make_folder(path: Path, what: str, field: str, accepted: str) -> Path:
+    """mkdir -p `path`; an OS error (a file in the way, no permission) is bad input: one line, exit 2."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise VariantlabError(f"cannot create {what}: {e.strerror}", file=str(path), field=field,
+                              accepted=accepted) from None
+    return path
+
+
 def check_artifacts_dir(artifacts_dir: str | Path | None) -> None:
     """Raise (bad input) when an artifacts folder is given and is not a folder."""
     if artifacts_dir is not None and not Path(artifacts_dir).is_dir():
@@ -149,12 +159,8 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
     executor = executor or LocalProcessExecutor()
     events = events or Events()
     run_id = new_run_id()
-    out = Path(output_dir or suite.output.dir) / run_id
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise VariantlabError(f"cannot create the run folder: {e.strerror}", file=str(out), field="output.dir",
-                              accepted="a writable folder (--output DIR)") from None
+    out = make_folder(Path(output_dir or suite.output.dir) / run_id, "the run folder", "output.dir",
+                      "a writable folder (--output DIR)")
     threads = suite.threads or available_cores()
     warnings = machine_warnings(available_cores())
     env = host_fingerprint() | {"threads_per_worker": threads, "rounds": plan.rounds}
@@ -343,8 +349,8 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
               events: Events | None = None) -> dict[str, BuildRecord]:
     """Build every variant of a checked plan, each in a fresh process, into out_dir/<variant name>/.
     A failing variant is recorded with its reason and the others go on."""
-    out = Path(out_dir) if out_dir is not None else default_artifacts_dir(plan)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_folder(Path(out_dir) if out_dir is not None else default_artifacts_dir(plan), "the artifacts folder",
+                      "--out", "a writable folder (default ./artifacts/<suite name>)")
     executor = executor or LocalProcessExecutor()
     events = events or Events()
     threads = plan.suite.threads or available_cores()
