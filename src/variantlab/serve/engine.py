@@ -37,13 +37,13 @@ from .shedding import RETRY_AFTER_S, refusal
 log = logging.getLogger("variantlab.serve")
 
 FINISH_CANCELLED = "cancelled"
-ARRIVALS = 64          # recent submits the arrival rate is measured over
 FINISH_ERROR = "error"
+ARRIVALS = 64          # recent submits the arrival rate and the requests' shape are measured over
 
 
 class QueueFull(Exception):
-    """The engine's queue is at its bound, or too long to meet the TTFT SLO: the server answers 429 with
-    Retry-After."""
+    """The engine's queue is at its bound, or its oldest request is already late on the TTFT SLO the
+    policy keeps (serve/shedding.py): the server answers 429 with Retry-After."""
 
     def __init__(self, retry_after_s: float, why: str = "the queue is full"):
         super().__init__(f"{why}; retry after {retry_after_s:.1f} s")

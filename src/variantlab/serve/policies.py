@@ -8,8 +8,9 @@
   part a call and a part a token; serve/calibrate.py), at the current demand (running + waiting requests)
   and the requests' recent shape (prompt and output tokens) it admits into the variant that finishes the
   most requests a second among batch sizes whose step time stays within the SLO; weight-only int4 wins
-  while the batch is small and bf16 or w8a8 past the crossover, wherever this machine puts it. A measured feedback loop
-  then holds the SLO: when the variant's recent step times pass it, its batch cap shrinks by a
+  while the batch is small and bf16 or w8a8 past the crossover, wherever this machine puts it (on the
+  reference model the crossover is in prefill, on a 115M Llama in the decode step). A measured feedback
+  loop then holds the SLO: when the variant's recent step times pass it, its batch cap shrinks by a
   quarter, and when they stay under 80% of it with requests waiting, it grows by one. Newcomers' prefill is
   budgeted per iteration to what the SLO leaves after the running rows' decode step, at the measured
   prefill cost per token (chunked prefill, as Sarathi-Serve does), so a burst of arrivals delays the
@@ -18,7 +19,8 @@
   batch would be (under load, a budget held for TPOT alone starved admission: 3.8 req/s of goodput at
   80 req/s against static's 44). Under load it holds newcomers briefly, up to HOLD of the TTFT SLO, so
   that they are prefilled as one group rather than each alone: a prefill call's fixed cost dominates a
-  small model's (`_holds`). A switch needs
+  small model's (`_holds`); past capacity the engine sheds newcomers by its TTFT SLO (serve/shedding.py).
+  A switch needs
   the new variant to win by 15% for PATIENCE decisions in a row over at least PATIENCE_S (no flapping
   between variants whose measured steps differ by noise), and is returned with
   its reason (the engine logs and counts it). The lane switched away from drains: its running
