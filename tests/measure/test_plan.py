@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from variantlab.data.structured import generate_samples
-from variantlab.errors import DatasetError, RecipeError
+from variantlab.errors import DatasetError, RecipeError, SuiteError
 from variantlab.measure import plan as plan_module
 from variantlab.measure.plan import CALIBRATION_LIMIT, available_cores, plan_suite_file
 from variantlab.measure.trackers import tracker_from_config
@@ -212,6 +212,17 @@ def test_available_cores_without_affinity_falls_back_to_the_cpu_count(monkeypatc
     assert available_cores() == 3
     monkeypatch.setattr(plan_module.os, "cpu_count", lambda: None)
     assert available_cores() == 1
+
+
+def test_device_cuda_without_cuda_is_a_planning_error(tmp_path):
+    """Issue 13: each variant failed with an AssertionError in its worker instead."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SuiteError) as e:
+        plan_suite_file(write_suite(tmp_path, device="cuda"))
+    line = e.value.one_line()
+    assert e.value.field == "device" and "cuda asked for, but" in line and "cpu" in line
 
 
 def test_planning_never_imports_torch(tmp_path):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.jsonl import load_jsonl
-from ..errors import DatasetError
+from ..errors import DatasetError, SuiteError
 from ..data.structured import generate_samples
 from ..models.loading import check_model_dir, resolve_model_path
 from ..suite import Suite, load_suite
@@ -126,8 +126,22 @@ def _calibration(suite: Suite, base_dir: Path, samples: list[dict]) -> list[dict
     return rest if len(rest) >= MIN_CALIBRATION else samples
 
 
+def check_cuda(suite_path: str) -> None:
+    """`device: cuda` on a machine where torch sees no CUDA device is bad input, found while planning: it
+    was every variant "failed: AssertionError: Torch not compiled with CUDA enabled", each after its own
+    worker started. torch is imported here only for this check (planning otherwise never imports it)."""
+    import torch
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise SuiteError(f"cuda asked for, but {why} (torch {torch.__version__})", file=suite_path, field="device",
+                         accepted="auto (CUDA when present, else the CPU) | cpu; or a CUDA build of torch on a "
+                                  "machine with a GPU (README)")
+
+
 def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
     """Resolve and check every model and recipe, and load the datasets; raise on bad input."""
+    if suite.device == "cuda":
+        check_cuda(suite_path)
     base_model = Path(".")
     if suite.model is not None:
         base_model = resolve_model_path(suite.model, base_dir, file=suite_path, field="model")
