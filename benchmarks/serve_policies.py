@@ -235,7 +235,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="reference,llama115m")
     ap.add_argument("--rates", default=None, type=lambda s: [float(x) for x in s.split(",")],
-                    help="req/s (default: per model: 10…120 for the reference model, 0.5…16 for the 115M)")
+                    help="req/s (default: per model: 10…160 for the reference model, 0.25…3 for the 115M)")
     ap.add_argument("--duration", type=float, default=None, help="seconds a phase (default: 5 for the reference "
                     "model, 20 for the 115M, whose requests take a second or more)")
     ap.add_argument("--rounds", type=int, default=2)

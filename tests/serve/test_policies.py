@@ -145,3 +145,14 @@ def test_a_prefill_crossover_switches_variant_with_load():
     assert p.throughput("bf16", 32) > 1.15 * p.throughput("int4", 32)
     unshaped = AdaptivePolicy({"int4": int4, "bf16": bf16}, tpot_slo_s=0.025, max_rows=32)
     assert unshaped.throughput("int4", 32) > unshaped.throughput("bf16", 32)   # decode alone: int4 looks faster
+
+
+def test_keep_plans_every_cap_again_for_a_new_tpot_slo():
+    """A server scenario learns its SLOs after the engine is built (measure/scenarios/server.py)."""
+    p = AdaptivePolicy({"int4": INT4, "bf16": BF16}, max_rows=32)
+    assert p.caps == {"int4": 32, "bf16": 32} and p.ttft_slo_s is None
+    p.keep(0.01, 0.1)
+    assert p.caps == p.planned_caps == {"int4": INT4.cap(0.008, 32), "bf16": BF16.cap(0.008, 32)}
+    assert p.tpot_slo_s == 0.01 and p.ttft_slo_s == 0.1
+    p.keep(None, None)                                  # no TPOT SLO: the caps stay as planned
+    assert p.caps["int4"] == 10 and p.ttft_slo_s is None

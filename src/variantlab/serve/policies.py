@@ -189,6 +189,15 @@ class AdaptivePolicy:
         if self.current is None:
             self.current = max(self.costs, key=lambda n: self.throughput(n, 1))
 
+    def keep(self, tpot_slo_s: float | None, ttft_slo_s: float | None) -> None:
+        """Keep these SLOs from now on (a server scenario learns them after the engine is built): the TTFT
+        SLO as given, and a TPOT SLO (when one is given) with every variant's cap planned again for it."""
+        self.ttft_slo_s = ttft_slo_s
+        if tpot_slo_s is not None:
+            self.tpot_slo_s = tpot_slo_s
+            self.caps = {n: c.cap(tpot_slo_s * HEADROOM, self.max_rows) for n, c in self.costs.items()}
+            self.planned_caps = dict(self.caps)
+
     def throughput(self, name: str, demand: int) -> float:
         """Requests/s `name` would finish at this demand, its batch b = the demand within its planned cap
         (from calibration: the feedback loop's cuts answer this machine's load, which would slow any variant

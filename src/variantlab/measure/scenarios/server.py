@@ -129,12 +129,9 @@ class LocalClient:
         self.engine = ServeEngine({"v": lane}, policy, max_queue=spec.max_queue, clock=clock).start()
 
     def set_slo(self, tpot_s: float | None, ttft_s: float | None = None) -> None:
-        policy = self.engine.policy
-        if hasattr(policy, "ttft_slo_s"):
-            policy.ttft_slo_s = ttft_s
-        if hasattr(policy, "tpot_slo_s") and tpot_s is not None:
-            policy.tpot_slo_s = tpot_s
-            policy.caps["v"] = policy.planned_caps["v"] = policy.costs["v"].cap(tpot_s * 0.8, policy.max_rows)
+        keep = getattr(self.engine.policy, "keep", None)      # adaptive keeps SLOs; single and static do not
+        if keep is not None:
+            keep(tpot_s, ttft_s)
 
     def submit(self, index: int, request: GenerationRequest, on_event) -> None:
         from ...serve.engine import QueueFull, ServeRequest
