@@ -148,3 +148,13 @@ def family_dirs(tiny_model_dir, tmp_path_factory):
         tok.save_pretrained(path)
         dirs[family] = path
     return dirs
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray cluster of 2 CPUs, started once and shared by the tests that need one (Ray's
+    local mode no longer exists). An executor finds it running and joins it rather than start its own."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[test,ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -211,3 +211,43 @@ def test_hw_prints_the_machine_and_keeps_its_ceilings(tmp_path, monkeypatch):
     assert {c["name"] for c in config["decode-heavy"]["choices"]} >= {"dtype", "recipe", "compile", "threads"}
     assert out["kernel_times"]["cpu"]["threads"] == 1
     assert "configuration for decode-heavy" in again.stdout and "configuration for batch-heavy" in again.stdout
+
+
+def _suite_over_bad_lines(tmp_path):
+    good = [json.dumps({"prompt": f"Q: {i}\nA:", "answer": str(i)}) for i in range(3)]
+    (tmp_path / "data.jsonl").write_text("\n".join([good[0], "{oops", good[1], '{"prompt": "p"}', good[2]]) + "\n")
+    return write_suite(tmp_path, """\
+        model: builtin:tiny-structured
+        variants: [{name: a}]
+        workload:
+          dataset: {path: data.jsonl}
+          scenarios: [{type: single-stream, requests: 1, warmup: 0}]
+          max_new_tokens: 1
+          accuracy: {samples: 0}
+        """)
+
+
+def test_bench_skip_bad_lines_says_what_it_skipped_before_measuring(tmp_path):
+    """Without the flag the first bad line is the error (and names the flag); with it the skipped lines are a
+    warning printed before anything runs. --artifacts at a missing folder then stops the run before measuring."""
+    suite = _suite_over_bad_lines(tmp_path)
+    assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "data.jsonl", "line 2", "invalid JSON",
+                          "--skip-bad-lines")
+    proc = run_cli("bench", suite, "--skip-bad-lines", "--artifacts", tmp_path / "nowhere", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    warning, error = proc.stderr.rstrip("\n").split("\n")
+    assert warning == ("warning: workload.dataset: skipped 2 bad lines of data.jsonl (line 2: invalid JSON "
+                       "(Expecting property name enclosed in double quotes at column 2), line 4: missing field "
+                       "'answer')")
+    assert error.startswith("error: ") and "--artifacts" in error
+
+
+def test_build_skip_bad_lines_says_what_it_skipped(tmp_path):
+    suite = _suite_over_bad_lines(tmp_path)
+    assert_one_line_error(run_cli("build", suite, cwd=tmp_path), "data.jsonl", "line 2", "--skip-bad-lines")
+    (tmp_path / "afile").write_text("")
+    proc = run_cli("build", suite, "--skip-bad-lines", "--out", tmp_path / "afile" / "x", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    warning, error = proc.stderr.rstrip("\n").split("\n")
+    assert warning.startswith("warning: workload.dataset: skipped 2 bad lines of data.jsonl (line 2: invalid JSON")
+    assert error.startswith("error: ") and "artifacts folder" in error

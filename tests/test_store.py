@@ -94,11 +94,54 @@ def test_a_directory_is_not_a_store(tmp_path):
     assert "\n" not in text and text.startswith(f"{tmp_path}: ") and "--store" in text
 
 
-def test_a_file_that_is_not_sqlite_is_not_a_store(tmp_path):
+def files_of(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_file_that_is_not_sqlite_is_not_a_store_and_is_left_untouched(tmp_path):
     path = tmp_path / "notes.sqlite"
     path.write_text("not a database\n" * 200)
-    with pytest.raises(StoreError, match="cannot open results store"):
+    before = files_of(tmp_path)
+    with pytest.raises(StoreError, match="cannot open results store") as info:
         Store(path)
+    assert "\n" not in str(info.value)
+    assert files_of(tmp_path) == before      # no byte changed, no -wal or -shm beside it
+
+
+def test_a_store_of_a_newer_schema_says_so_and_is_left_untouched(tmp_path):
+    path = tmp_path / "new.sqlite"
+    with Store(path):
+        pass
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    db.execute("PRAGMA journal_mode=DELETE")     # one plain file, to compare byte for byte
+    db.close()
+    assert sorted(files_of(tmp_path)) == ["new.sqlite"]
+    before = files_of(tmp_path)
+    with pytest.raises(StoreError) as info:
+        Store(path)
+    text = str(info.value)
+    assert "\n" not in text and f"newer variantlab (schema {SCHEMA_VERSION + 1}" in text and "upgrade" in text
+    assert files_of(tmp_path) == before
+
+
+def test_another_programs_sqlite_file_is_not_a_store_and_gets_no_tables(tmp_path):
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    before = files_of(tmp_path)
+    with pytest.raises(StoreError, match="not a variantlab results store \\(its tables: users\\)"):
+        Store(path)
+    assert files_of(tmp_path) == before
+
+
+def test_a_resumed_run_is_running_again_until_it_finishes(store):
+    run = new_run(store)
+    store.finish_run(run, None, INTERRUPTED)
+    store.reopen_run(run)
+    assert store.run(run).status == RUNNING
+    store.finish_run(run, {"x": 1})
+    assert store.run(run).status == DONE
 
 
 def test_store_creates_missing_parent_folders(tmp_path):

@@ -331,3 +331,88 @@ def test_requirements_with_a_preset_percentiles_and_weights_load():
     assert r.max_e2el_s == {"p95": 0.5, "p99": 1.0} and r.sequence_length.min == 1 and r.given
     assert not parse_suite({"model": "x", "variants": [{"name": "a"}],
                             "requirements": {"slo": {"ttft_s": 1}}}).requirements.given
+
+
+# --------------------------------------------------------------------------- absurd sizes and odd numbers (issue 13)
+
+@pytest.mark.parametrize("extra, field, accepted", [
+    # `n: 1000000000` printed nothing for two minutes while memory grew
+    ("workload: {dataset: {generator: structured, n: 1000000000}}\n", "workload.dataset.n",
+     "an integer from 1 to 100000"),
+    ("workload: {max_new_tokens: 10000000}\n", "workload.max_new_tokens", "an integer from 1 to 131072"),
+    ("workload: {accuracy: {batch_size: 100000}}\n", "workload.accuracy.batch_size", "an integer from 1 to 1024"),
+    ("workload: {scenarios: [{type: offline, batch_size: 999999}]}\n", "workload.scenarios[0].batch_size",
+     "an integer from 1 to 1024"),
+    ("workload: {scenarios: [{type: single-stream, requests: 1000000000}]}\n", "workload.scenarios[0].requests",
+     "an integer from 1 to 100000"),
+    ("workload: {scenarios: [{type: server, concurrency: 100000}]}\n", "workload.scenarios[0].concurrency",
+     "an integer from 1 to 4096"),
+    ("rounds: 99999999999999999999999999\n", "rounds", "an integer from 1 to 1000"),
+    ("threads: 100000\n", "threads", "an integer from 1 to 4096"),
+    ("seed: 18446744073709551616\n", "seed", "an integer from -9223372036854775808 to 9223372036854775807"),
+    ("timeout_s: 1.0e+308\n", "timeout_s", "a finite number above 0 and at most 604800"),
+    ("timeout_s: .inf\n", "timeout_s", "a finite number above 0 and at most 604800"),
+    ("requirements: {slo: {ttft_s: .nan}}\n", "requirements.slo.ttft_s", "a finite number above 0 and at most 86400"),
+    ("workload: {max_new_tokens: 1.0e+308}\n", "workload.max_new_tokens", "an integer from 1 to 131072"),
+])
+def test_absurd_sizes_and_non_finite_numbers_name_the_field_and_the_range(tmp_path, extra, field, accepted):
+    err = suite_error(write(tmp_path, MINIMAL + extra))
+    assert err.field == field and f"(accepted: {accepted}" in str(err), str(err)
+
+
+@pytest.mark.parametrize("extra, field", [
+    ("workload: {scenarios: [{type: length-sweep, lengths: [128, 10000000]}]}\n", "workload.scenarios[0].lengths"),
+    ("workload: {scenarios: [{type: server, rates: [1, .inf]}]}\n", "workload.scenarios[0].rates[1]"),
+    ("workload: {scenarios: [{type: server, rates: [1, 1.0e+9]}]}\n", "workload.scenarios[0].rates[1]"),
+    ("requirements: {max_e2el_s: {p95: .nan}}\n", "requirements.max_e2el_s.p95"),
+    ("requirements: {min_goodput: .inf}\n", "requirements.min_goodput"),
+])
+def test_absurd_items_of_lists_and_maps_name_their_field(tmp_path, extra, field):
+    assert suite_error(write(tmp_path, MINIMAL + extra)).field == field
+
+
+@pytest.mark.parametrize("text, detail", [
+    (MINIMAL + "workload: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),    # was RecursionError
+    (MINIMAL + "seed: !!timestamp 2020-99-99\n", "malformed YAML value"),              # was ValueError
+    (MINIMAL + "rounds: " + "1" * 5000 + "\n", "malformed YAML value"),                  # was ValueError (int digits)
+])
+def test_yaml_the_parser_cannot_hold_is_a_one_line_error(tmp_path, text, detail):
+    assert detail in str(suite_error(write(tmp_path, text)))
+
+
+def test_a_huge_value_is_quoted_short(tmp_path):
+    err = suite_error(write(tmp_path, MINIMAL + "rounds: 0x" + "f" * 5000 + "\n"))
+    assert "got an integer of about 6020 digits" in str(err) and len(str(err)) < 400
+    err = suite_error(write(tmp_path, MINIMAL + "threads: '" + "x" * 5000 + "'\n"))
+    assert "got 'xxx" in str(err) and len(str(err)) < 400
+
+
+@pytest.mark.parametrize("extra, field", [
+    ("max_memory: '" + "9" * 400 + "'\n", "max_memory"),                                # was OverflowError
+    ("variants: [{name: a, attention: 'gqa:" + "9" * 5000 + "'}]\n", "variants[0].attention"),   # was ValueError
+])
+def test_numbers_too_long_for_python_are_one_line_errors(tmp_path, extra, field):
+    from variantlab.errors import VariantlabError
+    from variantlab.measure.plan import plan_suite_file
+    path = write(tmp_path, "model: builtin:tiny-structured\n" + (extra if "variants" in extra else
+                                                                  "variants: [{name: a}]\n" + extra))
+    with pytest.raises(VariantlabError) as caught:
+        plan_suite_file(path)
+    assert caught.value.field == field and "\n" not in str(caught.value) and len(str(caught.value)) < 500
+
+
+@pytest.mark.parametrize("model", ["9" * 400, "a\\0b", "a/" * 3000])
+def test_model_paths_the_os_refuses_are_one_line_errors(tmp_path, model):
+    """`model: 999…` (400 digits) raised OSError: File name too long, a NUL byte ValueError (issue 13 fuzz)."""
+    from variantlab.errors import ModelLoadError
+    from variantlab.measure.plan import plan_suite_file
+    with pytest.raises(ModelLoadError, match="cannot be looked up") as caught:
+        plan_suite_file(write(tmp_path, f'model: "{model}"\nvariants: [{{name: a}}]\n'))
+    assert caught.value.field == "model" and "\n" not in str(caught.value)
+
+
+def test_a_dataset_path_with_a_nul_byte_is_a_one_line_error(tmp_path):
+    from variantlab.errors import DatasetError
+    from variantlab.measure.plan import plan_suite_file
+    with pytest.raises(DatasetError, match="cannot read file"):
+        plan_suite_file(write(tmp_path, MINIMAL + 'workload: {dataset: {path: "a\\0b"}}\n'))

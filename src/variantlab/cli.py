@@ -54,6 +54,12 @@ def _print_comparison(comparison, title: str, all_rows: bool) -> None:
                       highlight=False)
 
 
+def _print_plan_warnings(plan) -> None:
+    """What planning let through but the user should know before measuring: the lines --skip-bad-lines skipped."""
+    for line in plan.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
+
+
 def _print_resolved(plan) -> None:
     """What each `recipe: auto` variant resolved to, and why (the run's stored plan records it too)."""
     for v in plan.variants:
@@ -93,7 +99,7 @@ def _terminate_as_interrupt() -> None:
 
 
 @app.command()
-def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
+def bench(suite: Optional[Path] = typer.Argument(None, help="suite file (YAML); not with --resume"),
           store: Optional[Path] = typer.Option(None, help="results store (SQLite); default ./variantlab.sqlite"),
           output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for run outputs (default: suite output.dir)"),
           artifacts: Optional[Path] = typer.Option(None, "--artifacts", help="reuse the matching artifacts of "
@@ -101,26 +107,49 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
           rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="fresh processes per variant, order "
                                                "rotated every round (default: the suite's rounds)"),
           all_rows: bool = typer.Option(False, "--all", help="print every row, not only the headline figures"),
-          as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of a table")) -> None:
+          skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="skip a JSONL dataset's bad lines "
+                                              "(invalid JSON, a missing field, not UTF-8) instead of stopping at the "
+                                              "first; says which it skipped"),
+          as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of a table"),
+          executor: str = typer.Option("local", "--executor", help="local: each job in a fresh process here, one at "
+                                       "a time | ray: each job a Ray task (pip install 'variantlab[ray]')"),
+          address: Optional[str] = typer.Option(None, "--address", help="with --executor ray: the cluster to join "
+                                                "(auto: the one this machine belongs to); default: a local one"),
+          resume: Optional[str] = typer.Option(None, "--resume", help="finish run RUN (killed or interrupted): keep "
+                                               "what it measured, run only what has no record")) -> None:
     """Measure every variant of SUITE in interleaved rounds of fresh processes, and print the comparison."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .measure.plan import plan_suite_file
-    from .measure.runner import RunInterrupted, check_artifacts_dir, run_plan
+    from .measure.ray_executor import make_executor
+    from .measure.runner import RunInterrupted, check_artifacts_dir, resume_run, run_plan
 
     _terminate_as_interrupt()
+    runner = None
     try:
-        plan = plan_suite_file(suite)
-        if rounds:
-            plan = plan.with_rounds(rounds)
-        _print_resolved(plan)
-        check_artifacts_dir(artifacts)
+        if resume is not None:
+            _check_resume_options(suite, output, artifacts, rounds)
+        elif suite is None:
+            raise VariantlabError("no suite file given", field="SUITE",
+                                  accepted="variantlab bench SUITE.yaml, or variantlab bench --resume RUN")
+        else:
+            plan = plan_suite_file(suite, skip_bad_lines)
+            if rounds:
+                plan = plan.with_rounds(rounds)
+            _print_plan_warnings(plan)
+            _print_resolved(plan)
+            check_artifacts_dir(artifacts)
+        runner = make_executor(executor, address)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err_console,
                       disable=as_json, transient=False) as progress:
             task = progress.add_task("planning", total=None)
-            result = run_plan(plan, store_path=store, output_dir=output, artifacts_dir=artifacts,
-                              events=_progress_events(progress, task))
+            events = _progress_events(progress, task)
+            if resume is not None:
+                result = resume_run(resume, store_path=store, executor=runner, events=events)
+            else:
+                result = run_plan(plan, store_path=store, output_dir=output, artifacts_dir=artifacts,
+                                  executor=runner, events=events)
     except VariantlabError as e:
         _fail(e)
     except RunInterrupted as e:
@@ -130,6 +159,10 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     except KeyboardInterrupt:   # before the run started: nothing was measured
         err_console.print("interrupted before anything was measured", highlight=False)
         raise typer.Exit(130)
+    finally:
+        close = getattr(runner, "close", None)
+        if close:
+            close()
     if as_json:
         from .report.files import results_json_text
         print(results_json_text(result.to_json()))     # results.json's text: schema variantlab.results/1
@@ -146,6 +179,17 @@ def bench(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     _exit_unless_all_ok(result.comparison.status)
 
 
+def _check_resume_options(suite: Optional[Path], output: Optional[Path], artifacts: Optional[Path],
+                          rounds: Optional[int]) -> None:
+    """--resume finishes a run as it was planned: options that would plan it otherwise are refused."""
+    given = [name for name, v in (("SUITE", suite), ("--output", output), ("--artifacts", artifacts),
+                                  ("--rounds", rounds)) if v is not None]
+    if given:
+        raise VariantlabError(f"--resume finishes a run as it was planned; {', '.join(given)} cannot change it",
+                              field=given[0], accepted="variantlab bench --resume RUN [--store PATH] "
+                                                       "[--executor local|ray]")
+
+
 def _exit_unless_all_ok(status: dict[str, str]) -> None:
     """bench's and build's exit status: 0 when every variant was measured (or built), 1 when any failed or
     was unsupported (the others' results are kept and printed all the same), 2 for bad input (`_fail`)."""
@@ -159,7 +203,10 @@ def _exit_unless_all_ok(status: dict[str, str]) -> None:
 @app.command()
 def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
           out: Optional[Path] = typer.Option(None, "--out", "-o", help="folder for the artifacts, one per variant "
-                                             "(default: ./artifacts/<suite name>/)")) -> None:
+                                             "(default: ./artifacts/<suite name>/)"),
+          skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="skip a JSONL dataset's bad lines "
+                                              "(invalid JSON, a missing field, not UTF-8) instead of stopping at the "
+                                              "first; says which it skipped")) -> None:
     """Build every variant of SUITE, each in a fresh process, and save it as an artifact (safetensors + JSON)."""
     from rich.table import Table
 
@@ -169,7 +216,8 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
 
     _terminate_as_interrupt()
     try:
-        plan = plan_suite_file(suite)
+        plan = plan_suite_file(suite, skip_bad_lines)
+        _print_plan_warnings(plan)
         _print_resolved(plan)
         out_dir = out if out is not None else default_artifacts_dir(plan)
         t0 = time.perf_counter()

@@ -80,13 +80,12 @@ class Store:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=30)
-            version = self._schema_version()
-            if version is not None and version != SCHEMA_VERSION:
+            problem = self._not_ours()
+            if problem is not None:   # refused before anything is written: the file stays as it was
                 self._db.close()
-                raise StoreError(f"this results store has schema {version}; this variantlab writes schema "
-                                 f"{SCHEMA_VERSION}", file=str(self.path),
-                                 accepted="a store written by this version (move the old file away or pass "
-                                          "--store NEW.sqlite)")
+                raise StoreError(problem, file=str(self.path),
+                                 accepted="a results store written by this version of variantlab (move the file "
+                                          "away or pass --store NEW.sqlite)")
             self._initialise()
         except (sqlite3.DatabaseError, OSError) as e:
             raise StoreError(f"cannot open results store: {e}", file=str(self.path),
@@ -98,9 +97,9 @@ class Store:
         for attempt in range(attempts):
             try:
                 self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.executescript(_SCHEMA)
-                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                self._db.commit()
+                # one transaction: another process never sees some tables and no schema version
+                self._db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} INSERT OR IGNORE INTO meta VALUES "
+                                       f"('schema_version', '{SCHEMA_VERSION}'); COMMIT;")
                 return
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) or attempt == attempts - 1:
@@ -108,12 +107,23 @@ class Store:
                 self._db.rollback()
                 time.sleep(0.05)
 
-    def _schema_version(self) -> int | None:
-        has_meta = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-        if not has_meta:
+    def _not_ours(self) -> str | None:
+        """Why this SQLite file is not a store this variantlab may write (None: it is ours, or new and empty).
+        Reading sqlite_master also raises DatabaseError for a file that is not SQLite at all."""
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
             return None
+        if "meta" not in tables:
+            return (f"this SQLite file is not a variantlab results store (its tables: "
+                    f"{', '.join(sorted(tables)[:5])})")
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        return int(row[0]) if row else None
+        version = int(row[0]) if row and str(row[0]).isdigit() else None
+        if version == SCHEMA_VERSION:
+            return None
+        if version is not None and version > SCHEMA_VERSION:
+            return (f"this results store was written by a newer variantlab (schema {version}; this one reads "
+                    f"schema {SCHEMA_VERSION}): upgrade variantlab to read it")
+        return f"this results store has schema {row[0] if row else 'none'}; this variantlab writes schema {SCHEMA_VERSION}"
 
     def close(self) -> None:
         self._db.close()
@@ -157,6 +167,11 @@ class Store:
                 " status=excluded.status, reason=excluded.reason, record_json=excluded.record_json",
                 (run_id, record.variant, record.kind, rnd, record.status, record.reason,
                  record.model_dump_json(), _now()))
+
+    def reopen_run(self, run_id: str) -> None:
+        """A run being resumed is `running` again until it finishes."""
+        with self._writing():
+            self._db.execute("UPDATE runs SET status=?, finished=NULL WHERE run_id=?", (RUNNING, run_id))
 
     def finish_run(self, run_id: str, comparison: dict | None, status: str = DONE) -> None:
         with self._writing():

@@ -16,7 +16,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SuiteError
+from .measure.limits import ACCEPTED_SIZE, parse_size
 from .measure.scenarios import SCENARIO_SPECS
+from .sizes import (MAX_BATCH, MAX_DURATION_S, MAX_SAMPLES, MAX_STOP_STRINGS, MAX_THREADS, MAX_TIMEOUT_S,
+                    MAX_TOKENS, SEED_MAX, SEED_MIN)
 
 
 DEFAULT_ROUNDS = 5
@@ -24,7 +27,9 @@ RESERVED_NAMES = ("cold_start", "memory", "facts", "stability", "grading", "scor
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `timeout_s: .inf` or `ttft_s: .nan` is a typo, not a limit (nan passed `gt=0` checks
+    # by failing every comparison). Every size-like field has an upper bound: sizes.py says why each.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DatasetSpec(_Frozen):
@@ -33,8 +38,9 @@ class DatasetSpec(_Frozen):
     generator: Literal["structured"] | None = Field(
         None, description="built-in generator of structured samples (orders, invoices, logs, products)")
     path: str | None = Field(None, description="JSONL file with string fields 'prompt' and 'answer'")
-    n: int = Field(64, ge=1, description="number of samples (generator) or the first n lines (path)")
-    seed: int = Field(0, description="generator seed")
+    n: int = Field(64, ge=1, le=MAX_SAMPLES, description="number of samples (generator) or the first n lines "
+                                                          "(path)")
+    seed: int = Field(0, ge=SEED_MIN, le=SEED_MAX, description="generator seed")
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetSpec":
@@ -49,11 +55,12 @@ ScenarioSpec = Annotated[Union[tuple(SCENARIO_SPECS.values())], Field(discrimina
 class AccuracySpec(_Frozen):
     """Accuracy, measured once per variant: teacher-forced against the baseline, and graded answers."""
 
-    samples: int = Field(32, ge=0, description="samples scored teacher-forced against the baseline: KLD, "
-                                               "top-1 agreement, PPL ratio (0 turns it off)")
-    graded: int | None = Field(None, ge=0, description="samples whose greedy answers are graded by exact match, "
-                                                       "the same ones for every variant (default: all; 0: off)")
-    batch_size: int = Field(16, ge=1, description="batch size of the graded answers")
+    samples: int = Field(32, ge=0, le=MAX_SAMPLES, description="samples scored teacher-forced against the baseline: "
+                                                                "KLD, top-1 agreement, PPL ratio (0 turns it off)")
+    graded: int | None = Field(None, ge=0, le=MAX_SAMPLES, description="samples whose greedy answers are graded by "
+                                                                        "exact match, the same ones for every variant "
+                                                                        "(default: all; 0: off)")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="batch size of the graded answers")
 
 
 class Workload(_Frozen):
@@ -62,8 +69,8 @@ class Workload(_Frozen):
         default_factory=lambda: [SCENARIO_SPECS["single-stream"](type="single-stream"),
                                  SCENARIO_SPECS["offline"](type="offline")],
         min_length=1)
-    max_new_tokens: int = Field(24, ge=1)
-    stop: list[str] = Field(default_factory=lambda: ["\n"],
+    max_new_tokens: int = Field(24, ge=1, le=MAX_TOKENS)
+    stop: list[str] = Field(default_factory=lambda: ["\n"], max_length=MAX_STOP_STRINGS,
                             description="stop strings: an answer ends at the first (the dataset's answers are "
                                         "one line); EOS always ends it")
     accuracy: AccuracySpec = AccuracySpec()
@@ -127,9 +134,9 @@ class VariantSpec(_Frozen):
 class SLOSpec(_Frozen):
     """Per-request service-level objectives used for goodput."""
 
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
-    e2el_s: float | None = Field(None, gt=0)
+    ttft_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
+    tpot_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
+    e2el_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
 
 
 Percentile = Literal["p50", "p90", "p95", "p99", "mean"]
@@ -138,8 +145,8 @@ Percentile = Literal["p50", "p90", "p95", "p99", "mean"]
 class SequenceRange(_Frozen):
     """Prompt lengths the deployment must serve: latency limits also hold at every swept length inside."""
 
-    min: int = Field(1, ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(1, ge=1, le=MAX_TOKENS)
+    max: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> "SequenceRange":
@@ -231,21 +238,39 @@ class Suite(_Frozen):
     requirements: Requirements = Requirements()
     output: OutputSpec = OutputSpec()
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int | None = Field(None, ge=1, description="torch threads in each worker (default: the cores this "
-                                                         "process may use)")
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="torch threads in each worker (default: the "
+                                                                         "cores this process may use)")
     rounds: int = Field(DEFAULT_ROUNDS, ge=1, le=1000,
                         description="fresh processes per variant; the order of the variants rotates every round "
                                     "so that drift lands on all of them alike")
     order: Literal["rotate", "random"] = Field("rotate", description="rotate: A B C, B C A, …; random: shuffled "
                                                                     "every round by the suite's seed")
-    seed: int = 0
-    timeout_s: float = Field(900, gt=0, description="a variant still running after this is recorded as failed")
+    seed: int = Field(0, ge=SEED_MIN, le=SEED_MAX)
+    timeout_s: float = Field(900, gt=0, le=MAX_TIMEOUT_S, description="a variant still running after this is recorded "
+                                                                      "as failed")
+    max_memory: str | None = Field(None, description="resident memory a measurement's worker may hold (the "
+                                                         "worker and what it starts), e.g. 4GiB or 512MiB; past it "
+                                                         "the measurement is ended and recorded as failed")
     explain: bool = Field(False, description="after the run, profile the baseline and every variant slower than it "
                                              "beyond its interval, and add why to the report (`variantlab explain`)")
 
     @property
     def baseline_name(self) -> str:
         return self.baseline or self.variants[0].name
+
+    @field_validator("max_memory", mode="before")
+    @classmethod
+    def _a_size(cls, v: object) -> str | None:
+        if v is None:
+            return None
+        if not isinstance(v, (str, int)) or isinstance(v, bool):
+            raise ValueError(f"expected {ACCEPTED_SIZE}, got {type(v).__name__}")
+        parse_size(v)
+        return str(v)
+
+    @property
+    def max_memory_bytes(self) -> int | None:
+        return None if self.max_memory is None else parse_size(self.max_memory)
 
 
 
@@ -279,6 +304,30 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def parse_yaml(text: str, file: str) -> Any:
+    """YAML text → data, every failure a one-line SuiteError naming the file (and the line where YAML knows it):
+    a duplicate key, malformed YAML, nesting too deep for the parser (RecursionError), a tagged scalar that
+    does not convert (`!!timestamp 2020-99-99` raised ValueError from inside the loader)."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)   # noqa: S506 - a SafeLoader that refuses duplicate keys
+    except DuplicateKey as e:
+        raise SuiteError(f"the key '{e.key}' appears twice in one mapping (YAML would keep only the last)",
+                         file=file, field=e.where, accepted="each key once per mapping") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SuiteError(f"malformed YAML: {problem}", file=file, field=where,
+                         accepted="valid YAML mapping") from None
+    except RecursionError:
+        raise SuiteError("YAML nested too deeply to read", file=file,
+                         accepted="a YAML mapping nested as the schema is, a few levels (`variantlab schema`)"
+                         ) from None
+    except (ValueError, TypeError, OverflowError) as e:   # a scalar YAML parsed but could not convert
+        raise SuiteError(f"malformed YAML value: {_shown(str(e))}", file=file,
+                         accepted="valid YAML mapping (plain scalars; !!timestamp etc. must be valid)") from None
+
+
 def load_suite(path: str | Path) -> Suite:
     """Read, parse and validate a suite file; every failure is a one-line SuiteError."""
     path = Path(path)
@@ -289,17 +338,7 @@ def load_suite(path: str | Path) -> Suite:
     except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
         raise SuiteError(f"cannot read suite file: {e.__class__.__name__}", file=str(path),
                          accepted="a UTF-8 YAML file") from None
-    try:
-        data = yaml.load(text, Loader=UniqueKeyLoader)   # noqa: S506 - a SafeLoader that refuses duplicate keys
-    except DuplicateKey as e:
-        raise SuiteError(f"the key '{e.key}' appears twice in one mapping (YAML would keep only the last)",
-                         file=str(path), field=e.where, accepted="each key once per mapping") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SuiteError(f"malformed YAML: {problem}", file=str(path), field=where,
-                         accepted="valid YAML mapping") from None
+    data = parse_yaml(text, file=str(path))
     if not isinstance(data, dict):
         raise SuiteError(f"the suite must be a YAML mapping, got {type(data).__name__}", file=str(path),
                          accepted=", ".join(Suite.model_fields))
@@ -360,10 +399,21 @@ def _suite_error(e: ValidationError, file: str) -> SuiteError:
         return SuiteError("unknown or missing scenario type", file=file, field=field,
                           accepted="type: " + " | ".join(SCENARIO_SPECS))
     accepted = _accepted_for(loc)
+    if kind.startswith(NUMBER_ERRORS) and (bounds := _range_at(loc)):
+        accepted = f"{bounds}; {accepted}" if accepted else bounds
     msg = err["msg"].removeprefix("Value error, ")
     if "input" in err and kind not in ("value_error",) and not isinstance(err["input"], (dict, list)):
-        msg += f", got {err['input']!r}"
+        msg += f", got {_shown(err['input'])}"
     return SuiteError(msg, file=file, field=field or None, accepted=accepted)
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A bad value as the error quotes it: its repr, cut to `limit` characters (a 5,000-digit int has no repr
+    at all: Python refuses to convert it, ValueError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _loc_to_path(loc: tuple) -> str:
@@ -410,6 +460,32 @@ def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
         candidates = _inner_models(f.annotation)
         model = candidates[0] if len(candidates) == 1 else (candidates[0] if candidates else None)
     return model
+
+
+# pydantic's error types (their prefixes) for a number out of its range or not a (finite) number at all
+NUMBER_ERRORS = ("greater_than", "less_than", "finite_number", "int_", "float_")
+
+
+def _range_at(loc: tuple) -> str | None:
+    """The accepted range of the number field at `loc` from its bounds, e.g. 'an integer from 1 to 100000'."""
+    parent = _model_at(Suite, loc[:-1]) if loc else None
+    f = parent.model_fields.get(str(loc[-1])) if parent else None
+    if f is None:
+        return None
+    bound = {k: f"{v:g}" if isinstance(v, float) else str(v)
+             for m in f.metadata for k in ("ge", "gt", "le", "lt") if (v := getattr(m, k, None)) is not None}
+    if not bound:
+        return None
+    low = f"from {bound['ge']}" if "ge" in bound else f"above {bound['gt']}" if "gt" in bound else None
+    high = f"to {bound['le']}" if "le" in bound else f"below {bound['lt']}" if "lt" in bound else None
+    if low and high and "gt" in bound:
+        high = "and at most " + high.removeprefix("to ")
+    if low is None:
+        low, high = (f"at most {bound['le']}" if "le" in bound else high), None
+    elif high is None and "ge" in bound:
+        low = f"at least {bound['ge']}"
+    what = "an integer" if int in (f.annotation, *typing.get_args(f.annotation)) else "a finite number"
+    return " ".join(p for p in (what, low, high) if p)
 
 
 def _accepted_for(loc: tuple) -> str | None:

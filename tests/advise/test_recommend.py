@@ -8,7 +8,8 @@ import pytest
 
 from variantlab.advise.constraints import FAIL, PASS, UNDECIDED
 from variantlab.advise.matrix import attention_guideline, selection_matrix
-from variantlab.advise.recommend import NOT_RUN, recommend, stored_requirements
+from variantlab.advise.recommend import NOT_RUN, load_requirements, recommend, stored_requirements
+from variantlab.errors import SuiteError
 from variantlab.suite import Requirements
 
 from tests.advise.comparisons import SCENARIOS, comparison, delta, est, row, three_variants
@@ -177,3 +178,35 @@ def test_a_figure_a_variant_lacks_on_a_row_the_run_has_blocks_a_pass():
     assert rec.pick is None and set(rec.verdicts.values()) == {UNDECIDED}
     assert "the run has no figure to judge it by" in rec.reason
     assert [n for n in rec.notes if "not measured for any variant" in n]
+
+
+# ---------------------------------------------------------------- requirements files
+
+STORED_SUITE = {"model": "builtin:tiny-structured", "variants": [{"name": "fp32"}]}
+
+
+def test_a_requirements_file_loads_with_or_without_its_block(tmp_path):
+    path = tmp_path / "req.yaml"
+    path.write_text("requirements:\n  max_kld: 0.1\n", encoding="utf-8")
+    assert load_requirements(path, STORED_SUITE).max_kld == 0.1
+    path.write_text("max_kld: 0.2\npreset: balanced\n", encoding="utf-8")
+    assert load_requirements(path, STORED_SUITE).max_kld == 0.2
+
+
+def test_a_key_given_twice_in_a_requirements_file_is_an_error_with_its_line(tmp_path):
+    """yaml.safe_load kept the last max_kld silently; the suite's loader refuses it (issue 13)."""
+    path = tmp_path / "req.yaml"
+    path.write_text("max_kld: 0.1\nobjective: latency\nmax_kld: 5\n", encoding="utf-8")
+    with pytest.raises(SuiteError) as caught:
+        load_requirements(path, STORED_SUITE)
+    text = str(caught.value)
+    assert "\n" not in text and str(path) in text
+    assert "the key 'max_kld' appears twice" in text and "line 3, column 1" in text
+
+
+def test_a_malformed_requirements_file_says_where(tmp_path):
+    path = tmp_path / "req.yaml"
+    path.write_text("max_kld: [0.1\n", encoding="utf-8")
+    with pytest.raises(SuiteError, match="malformed YAML") as caught:
+        load_requirements(path, STORED_SUITE)
+    assert caught.value.field.startswith("line ")

@@ -232,6 +232,25 @@ def test_failed_variant_keeps_its_status_and_reason_and_the_others_go_on():
     assert all(r.cells["slow"] is None for r in c.rows)
 
 
+def test_where_each_artifact_came_from_is_said_in_the_comparison_and_its_status_lines():
+    """Issue 13: reused (verified) or rebuilt, and why, on screen and in the reports (report.format.status_lines)."""
+    from variantlab.report.format import status_lines
+    reused, rebuilt, own = builds("base", "fast", "slow")
+    reused = reused.model_copy(update={"artifact_dir": "/arts/base", "reused": True})
+    why = "/arts/fast: variant.json was edited after the build: its content_sha256 does not match what it says"
+    rebuilt = rebuilt.model_copy(update={"artifact_dir": "/run/variants/fast/artifact", "not_reused": (why,)})
+    c = run([record(n, 0, once=True) for n in NAMES], build_records=[reused, rebuilt, own])
+    assert c.builds["base"]["artifact"] == "artifact reused from /arts/base (hashes verified)"
+    assert c.builds["fast"]["artifact"] == f"artifact rebuilt into /run/variants/fast/artifact, not reused: {why}"
+    assert c.builds["slow"]["artifact"] is None        # no artifacts folder offered: built, nothing to say
+    for full in (False, True):
+        lines = status_lines(c, [], full=full)
+        assert "base: artifact reused from /arts/base (hashes verified)" in lines
+        assert f"fast: artifact rebuilt into /run/variants/fast/artifact, not reused: {why}" in lines
+        assert not any(line.startswith("slow: artifact") or "artifact not reused" in line for line in lines)
+    assert Comparison.from_json(json.loads(json.dumps(c.to_json()))).builds == c.builds
+
+
 def test_a_round_that_failed_is_left_out_and_warned_about():
     failed = (MeasurementRecord(variant="fast", round=1, status="failed", reason="worker exited with status -9"), {})
     c = run([record("base", 0, once=True), record("fast", 0, once=True), record("base", 1), failed],

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from variantlab.measure.executor import run_one_at_a_time
 from variantlab.measure.plan import plan_suite_file
 from variantlab.measure.runner import run_bench, run_plan
 from variantlab.measure.wire import BuildJob, BuildRecord, MeasurementRecord
@@ -118,6 +119,34 @@ def test_bench_measures_built_variants_from_their_artifacts(built, tmp_path):
     assert c.row("model_size").deltas["int4"].pct < -70
 
 
+def test_bench_reuses_a_verified_artifact_and_rebuilds_a_tampered_one_saying_why(tmp_path):
+    """Issue 13: an artifact whose facts were edited (bits_per_weight: 1, a made-up kernel) was measured as
+    it said. Now it fails its content hash and is rebuilt in the run folder; the untouched one is reused;
+    both are said under the table, and the facts measured are the rebuilt ones."""
+    suite = _write_suite(tmp_path, [{"name": "fp32"}, {"name": "int8", "recipe": "int8"}])
+    artifacts = tmp_path / "artifacts"
+    proc = _cli("build", suite, "--out", artifacts, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    meta_file = artifacts / "int8" / "variant.json"
+    meta = json.loads(meta_file.read_text())
+    meta["facts"].update(bits_per_weight=1, kernels=["made_up_fast_kernel"])
+    meta_file.write_text(json.dumps(meta))
+    proc = _cli("bench", suite, "--artifacts", artifacts, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())   # the status lines may wrap
+    # reused unless the background training rewrote the reference weights since `build` ran
+    assert (f"fp32: artifact reused from {(artifacts / 'fp32').resolve()} (hashes verified)" in out
+            or "fingerprint changed" in out), out
+    assert ("int8: artifact rebuilt into " in out and
+            f"not reused: {artifacts / 'int8'}: variant.json was edited after the build" in out), out
+    assert "made_up_fast_kernel" not in out
+    with Store(tmp_path / "store.sqlite") as store:
+        (run,) = store.runs()
+        builds = {b.variant: b for b in store.records(run.run_id, "build")}
+    int8 = builds["int8"]
+    assert not int8.reused and int8.facts["bits_per_weight"] > 4 and "made_up_fast_kernel" not in int8.facts["kernels"]
+
+
 class _FakeExecutor:
     """Answers build and measure jobs without processes; a build of `fail` is unsupported."""
 
@@ -133,6 +162,12 @@ class _FakeExecutor:
             return BuildRecord(variant=name, status="ok", artifact_dir=job.artifact_dir, bytes_on_disk=123,
                                timings={"build_s": 1.5}), {}
         return MeasurementRecord(variant=name, round=job.round, status="failed", reason="fake measurement"), {}
+
+    def run_all(self, tasks, limits, on_done, on_start=None):
+        run_one_at_a_time(self, tasks, limits, on_done, on_start)
+
+    def kill(self):
+        pass
 
 
 def test_a_failed_build_is_the_variants_status_and_the_others_go_on(tmp_path):

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from variantlab.measure.executor import LocalProcessExecutor
+from variantlab.measure.executor import LocalProcessExecutor, Task
+from variantlab.measure.limits import Limits
 from variantlab.measure.wire import (BuildJob, BuildRecord, MeasureJob, MeasurementRecord, TrackerJob,
                                      decode_job, encode_result)
 
@@ -40,9 +41,11 @@ def fake_python(tmp_path: Path, body: str, shell: bool = True) -> str:
     return str(path)
 
 
-def run(tmp_path: Path, body: str, shell: bool = True, timeout_s: float = 60, the_job=None, progress=None):
+def run(tmp_path: Path, body: str, shell: bool = True, timeout_s: float = 60, the_job=None, progress=None,
+        max_memory: int | None = None):
     executor = LocalProcessExecutor(python=fake_python(tmp_path, body, shell))
-    return executor.run(the_job or job(), tmp_path / "work", timeout_s, progress)
+    limits = Limits(timeout_s, max_memory) if max_memory else timeout_s
+    return executor.run(the_job or job(), tmp_path / "work", limits, progress)
 
 
 def gone(pid: int) -> bool:
@@ -125,10 +128,47 @@ def test_a_worker_past_its_timeout_is_killed_with_its_children(tmp_path):
     body = f'sleep 120 &\necho "$$ $!" > "{pids}"\nwait\n'
     record, blobs = run(tmp_path, body, timeout_s=2)
     assert record.status == "failed"
-    assert record.reason == "timed out after 2 s (suite field timeout_s)"
+    assert record.reason == "exceeded its time limit: still running after 2 s (suite field timeout_s)"
     assert blobs == {}
     worker, child = map(int, pids.read_text().split())
     assert wait_gone(worker) and wait_gone(child)
+
+
+# a child that allocates 400 MB and holds it: the limit counts the worker's whole process group
+HOG = ("import subprocess, sys, time\n"
+       "subprocess.Popen([sys.executable, '-c', 'import time; b = bytearray(400 * 2**20); b[::4096] = b\"x\" * (len(b) // 4096); time.sleep(60)'])\n"
+       "time.sleep(60)\n")
+
+
+def test_a_worker_group_past_max_memory_is_ended_and_failed_with_its_size(tmp_path):
+    record, blobs = run(tmp_path, HOG, shell=False, timeout_s=50, max_memory=256 * 2**20)
+    assert record.status == "failed" and blobs == {}
+    assert record.reason.startswith("exceeded its memory limit: resident memory reached ")
+    assert record.reason.endswith("over max_memory 256.0 MiB (suite field max_memory)")
+    reached = float(record.reason.split("reached ")[1].split(" MiB")[0])
+    assert 256 < reached < 600
+
+
+def test_a_worker_under_max_memory_finishes(tmp_path):
+    record, _ = run(tmp_path, GOOD_WORKER, shell=False, max_memory=2 * 2**30)
+    assert record.status == "ok"
+
+
+def test_run_all_runs_a_stream_in_order_taking_each_task_after_the_last_result(tmp_path):
+    """The local executor's run_all: one at a time, in order; a task is made only after every result before
+    it arrived (the runner decides late whether a variant's once-per-variant trackers still have to run)."""
+    executor = LocalProcessExecutor(python=fake_python(tmp_path, GOOD_WORKER, shell=False))
+    seen: list[str] = []
+
+    def tasks():
+        for r in range(3):
+            seen.append(f"made {r}")
+            yield Task(f"r{r}", job(round=r), tmp_path / f"w{r}")
+
+    executor.run_all(tasks(), Limits(60), lambda t, rec, _: seen.append(f"{t.label} {rec.round} {rec.status}"),
+                     on_start=lambda t: seen.append(f"start {t.label}"))
+    assert seen == ["made 0", "start r0", "r0 0 ok", "made 1", "start r1", "r1 1 ok", "made 2", "start r2",
+                    "r2 2 ok"]
 
 
 def test_children_a_worker_leaves_behind_are_ended_with_it(tmp_path):

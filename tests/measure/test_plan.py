@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from variantlab.data.structured import generate_samples
-from variantlab.errors import DatasetError, RecipeError, SuiteError
+from variantlab.errors import DatasetError, ModelLoadError, RecipeError, SuiteError, VariantlabError
 from variantlab.measure import plan as plan_module
 from variantlab.measure.plan import CALIBRATION_LIMIT, available_cores, plan_suite_file
 from variantlab.measure.trackers import tracker_from_config
@@ -246,3 +247,97 @@ def test_available_cores_honours_a_cgroup_cpu_quota(tmp_path):
     assert available_cores(tmp_path / "cpu.max") == 1
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert available_cores(tmp_path / "cpu.max") == affinity
+
+
+# ---------------------------------------------------------------- checks that used to run only in the worker
+
+def suite_with(tmp_path: Path, variants: list[dict], **extra) -> Path:
+    path = write_suite(tmp_path, **extra)
+    suite = yaml.safe_load(path.read_text())
+    suite["variants"] = variants
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def planning_error(path: Path):
+    with pytest.raises(VariantlabError) as info:
+        plan_suite_file(path)
+    assert "\n" not in str(info.value) and str(info.value).startswith(f"{path}: ")
+    return info.value
+
+
+def sweep(lengths, decode_tokens=4) -> dict:
+    return {"scenarios": [{"type": "length-sweep", "lengths": lengths, "decode_tokens": decode_tokens,
+                           "repeats": 1, "warmup": 0}]}
+
+
+def test_a_length_sweep_past_a_learned_position_table_is_refused_naming_the_limit(tmp_path, family_dirs):
+    """Issue 13: 1,100 tokens against GPT-2's 1,024 positions raised IndexError in the worker (here: 128)."""
+    gpt2 = str(family_dirs["gpt2"])
+    err = planning_error(write_suite(tmp_path, model=gpt2, workload=sweep([64, 125, 200])))
+    line = err.one_line()
+    assert isinstance(err, SuiteError) and err.field == "workload.scenarios[0].lengths"
+    assert "lengths 125, 200 + 4 decoded tokens need 204 positions" in line and "has 128" in line
+    assert "n_positions: 128" in line and gpt2 in line and err.accepted == "lengths up to 124"
+    plan = plan_suite_file(write_suite(tmp_path, model=gpt2, workload=sweep([64, 124])))   # 124 + 4 = 128 fits
+    assert [v.name for v in plan.variants] == ["fp32", "bf16", "fp16"]
+
+
+def test_max_new_tokens_past_a_learned_position_table_is_refused(tmp_path, family_dirs):
+    err = planning_error(write_suite(tmp_path, model=str(family_dirs["gpt2"]), workload={"max_new_tokens": 128}))
+    assert err.field == "workload.max_new_tokens" and err.accepted == "max_new_tokens up to 127"
+
+
+def test_rotary_models_take_any_length(tmp_path):
+    """The reference model (rotary, max_position_embeddings 512) computes positions for any length: the
+    shipped examples sweep to 2,048 tokens on it."""
+    assert plan_suite_file(write_suite(tmp_path, workload=sweep([64, 2048]))).variants
+
+
+def test_every_problem_of_a_variant_is_reported_at_once(tmp_path):
+    """Issue 13: a variant with two problems reported only the first."""
+    path = suite_with(tmp_path, [{"name": "base"},
+                                 {"name": "bad", "recipe": "int4", "options": {"group_size": 48}, "attention": "gqa:3"}])
+    err = planning_error(path)
+    line = err.one_line()
+    assert isinstance(err, RecipeError) and line.startswith(f"{path}: 2 problems: variants[1].options: ")
+    assert "group_size" in line and "; variants[1].attention: attention 'gqa:3'" in line
+    assert "gqa:1 | gqa:2 | gqa:4" in line
+    assert [p.field for p in err.problems] == ["variants[1].options", "variants[1].attention"]
+
+
+def test_the_problems_of_every_variant_are_reported_at_once(tmp_path, tiny_model_dir):
+    broken = shutil.copytree(tiny_model_dir, tmp_path / "broken")
+    (broken / "tokenizer.json").unlink()
+    path = suite_with(tmp_path, [{"name": "base"}, {"name": "a", "recipe": "int3"},
+                                 {"name": "b", "model": "broken"}, {"name": "c", "attention": "gqa:3"}])
+    err = planning_error(path)
+    assert type(err) is VariantlabError      # a RecipeError and a ModelLoadError
+    assert [p.field for p in err.problems] == ["variants[1].recipe", "variants[2].model", "variants[3].attention"]
+    assert "3 problems" in err.one_line() and "has no tokenizer" in err.one_line()
+
+
+def test_one_problem_is_raised_as_it_is(tmp_path):
+    err = planning_error(suite_with(tmp_path, [{"name": "base"}, {"name": "c", "attention": "gqa:3"}]))
+    assert isinstance(err, RecipeError) and err.field == "variants[1].attention" and not hasattr(err, "problems")
+
+
+def test_a_variants_checkpoint_that_does_not_match_its_config_is_a_planning_error(tmp_path, tiny_model_dir):
+    broken = shutil.copytree(tiny_model_dir, tmp_path / "broken")
+    cfg = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(cfg | {"hidden_size": 64}))
+    err = planning_error(suite_with(tmp_path, [{"name": "base"}, {"name": "own", "model": "broken"}]))
+    assert isinstance(err, ModelLoadError) and err.field == "variants[1].model"
+    assert "config.json says hidden_size: 64, but the weights have 32 columns" in err.one_line()
+
+
+def test_a_baseline_the_device_cannot_build_is_a_planning_error(tmp_path):
+    """A CUDA-only baseline on `device: cpu` left nothing to compare against; as another variant it is measured
+    as 'unsupported' (the report says why), so only the baseline is refused."""
+    err = planning_error(suite_with(tmp_path, [{"name": "sparse", "recipe": "sparse"}, {"name": "fp32"}],
+                                    device="cpu"))
+    assert isinstance(err, RecipeError) and err.field == "variants[0].recipe"
+    assert "the baseline cannot be built" in err.one_line() and "needs CUDA" in err.one_line()
+    plan = plan_suite_file(suite_with(tmp_path, [{"name": "fp32"}, {"name": "sparse", "recipe": "sparse"}],
+                                      device="cpu"))
+    assert plan.variant("sparse").definition.recipe == "sparse"

@@ -202,11 +202,11 @@ def nan_model_dir(tmp_path_factory) -> Path:
     return d
 
 
-def test_nan_logits_are_named_in_the_row_and_the_run_stays_readable(tmp_path, nan_model_dir):
+def test_nan_logits_fail_the_variant_with_the_reason_and_the_run_stays_readable(tmp_path, nan_model_dir):
     suite = _write_suite(tmp_path, [{"name": "base"}, {"name": "nan", "model": str(nan_model_dir)}])
     result = variantlab.bench(suite)
-    cell = result.comparison.row("kld_mean").cells["nan"]
-    assert cell.value is None and "NaN or inf logits from position 0 of text 0" in cell.problem
+    assert result.comparison.status == {"base": "ok", "nan": "failed"}
+    assert "NaN or inf logits" in result.comparison.reasons["nan"]
     show = _cli("show", result.run_id, "--store", result.store_path, "--all")
     assert show.returncode == 0, show.stderr
     assert "NaN or inf logits" in show.stdout

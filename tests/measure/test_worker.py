@@ -123,3 +123,44 @@ def test_a_once_per_variant_check_that_raises_keeps_the_rounds_timing(artifact, 
     scoring = record.output("scoring")
     assert scoring.data == {} and scoring.error.startswith("RuntimeError: scoring exploded")
     assert record.output("single-stream").error is None and record.output("grading") is not None
+
+
+def test_a_scenario_that_raises_keeps_the_rounds_other_trackers(artifact, monkeypatch):
+    """One failing scenario (a length past what the model holds, say) is that scenario's error; the trackers
+    before and after it keep their results (issue 13: the valid results of the variant were lost with it)."""
+    scenario = type(TRACKERS[1])
+
+    def broken(self, ctx):
+        raise IndexError("index out of range in self")
+    monkeypatch.setattr(scenario, "run", broken)
+    _, (record, _) = measure(artifact, run_once=False)
+    assert record.status == "ok"
+    assert record.output("single-stream").error.startswith("IndexError: index out of range in self")
+    assert record.output("cold_start").error is None and record.output("memory").error is None
+
+
+@pytest.fixture(scope="module")
+def nan_artifact(tiny_model_dir, tmp_path_factory):
+    """An fp32 artifact of the tiny model whose LM head has one row of NaN: every position's logits hold a NaN."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    src = tmp_path_factory.mktemp("nan-model")
+    for f in tiny_model_dir.iterdir():
+        shutil.copy(f, src / f.name)
+    state = load_file(src / "model.safetensors")
+    key = "lm_head.weight" if "lm_head.weight" in state else "model.embed_tokens.weight"
+    state[key] = state[key].clone()
+    state[key][5] = float("nan")
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path_factory.mktemp("nan-artifact") / "fp32"
+    record, _ = run_job(BuildJob(variant=VariantDefinition("fp32", "fp32").to_json(), source=str(src),
+                                 artifact_dir=str(out), device="cpu", threads=1, seed=0))
+    assert record.status == "ok", record.reason
+    return out
+
+
+def test_nan_logits_fail_the_measurement_with_the_reason(nan_artifact):
+    _, (record, blobs) = measure(nan_artifact, run_once=True, variant=VariantDefinition("fp32", "fp32"))
+    assert (record.status, blobs) == ("failed", {})
+    assert record.reason.startswith("NonFiniteLogits: NaN or inf logits after the prompt of 1 request(s)")

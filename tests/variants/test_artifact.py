@@ -349,3 +349,106 @@ def test_load_refuses_another_device_type_and_a_folder_that_is_not_an_artifact(t
         art.load_artifact(out, "cuda")
     with pytest.raises(ModelLoadError, match="no variant.json"):
         art.load_artifact(tiny_model_dir, "cpu")
+
+
+# ---------------------------------------------------------------- verified, not trusted (issue 13)
+
+@pytest.fixture(scope="module")
+def sealed_int8(tiny_model_dir, tmp_path_factory):
+    """An int8 artifact as `variantlab build` writes it; tests change copies of it."""
+    model, tok, facts = _build(tiny_model_dir, "int8", {})
+    out = tmp_path_factory.mktemp("sealed") / "int8"
+    art.save_artifact(model, tok, facts, "int8", {}, tiny_model_dir, out)
+    return out
+
+
+@pytest.fixture
+def int8_copy(sealed_int8, tmp_path):
+    return shutil.copytree(sealed_int8, tmp_path / "int8")
+
+
+def _problem(path, source):
+    return art.artifact_problem(path, "int8", {}, source, "cpu")
+
+
+def _edit_meta(path, edit):
+    meta = json.loads((path / "variant.json").read_text())
+    edit(meta)
+    (path / "variant.json").write_text(json.dumps(meta, indent=1))
+
+
+def test_variant_json_records_the_sha256_of_every_file_and_a_digest_of_itself(int8_copy, tiny_model_dir):
+    import hashlib
+    from variantlab.variants.artifact_content import content_digest
+    meta = json.loads((int8_copy / "variant.json").read_text())
+    on_disk = {p.name for p in int8_copy.iterdir()} - {"variant.json"}
+    assert set(meta["files"]) == on_disk and {"model.safetensors", "config.json", "tokenizer.json"} <= on_disk
+    for name, rec in meta["files"].items():
+        data = (int8_copy / name).read_bytes()
+        assert rec == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+    assert meta["content_sha256"] == content_digest(meta)
+    assert _problem(int8_copy, tiny_model_dir) is None
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: m["facts"].update(bits_per_weight=1),
+    lambda m: m["facts"]["kernels"].append("made_up_fast_kernel"),
+    lambda m: m["weights"].update(tensor_bytes=1),
+    lambda m: m["files"]["model.safetensors"].update(sha256="0" * 64),  # the weights' hash replaced too
+], ids=["bits_per_weight", "kernel", "weights", "file-hash"])
+def test_edited_facts_are_not_reused(int8_copy, tiny_model_dir, edit):
+    _edit_meta(int8_copy, edit)
+    assert "variant.json was edited after the build" in _problem(int8_copy, tiny_model_dir)
+
+
+def test_weights_replaced_by_random_bytes_of_the_same_length_are_not_reused(int8_copy, tiny_model_dir):
+    weights = int8_copy / "model.safetensors"
+    weights.write_bytes(os.urandom(weights.stat().st_size))
+    assert _problem(int8_copy, tiny_model_dir) == ("model.safetensors does not match the sha256 recorded at build "
+                                                   "time (changed or corrupted since)")
+
+
+def test_tokenizer_files_changed_added_or_removed_are_not_reused(int8_copy, sealed_int8, tiny_model_dir):
+    tok = int8_copy / "tokenizer.json"
+    tok.write_text(tok.read_text().replace("<pad>", "<PAD>"))
+    assert "tokenizer.json does not match the sha256" in _problem(int8_copy, tiny_model_dir)
+    shutil.copyfile(sealed_int8 / "tokenizer.json", tok)
+    (int8_copy / "added_tokens.json").write_text("{}")
+    assert _problem(int8_copy, tiny_model_dir) == "added_tokens.json was added after the build"
+    (int8_copy / "added_tokens.json").unlink()
+    (int8_copy / "tokenizer_config.json").unlink()
+    assert _problem(int8_copy, tiny_model_dir) == "tokenizer_config.json recorded at build time is missing"
+    shutil.copyfile(sealed_int8 / "tokenizer_config.json", int8_copy / "tokenizer_config.json")
+    (int8_copy / ".DS_Store").write_text("a file manager's")   # hidden files are never loaded
+    assert _problem(int8_copy, tiny_model_dir) is None
+
+
+def test_an_artifact_written_before_content_hashes_is_not_reused(int8_copy, tiny_model_dir):
+    _edit_meta(int8_copy, lambda m: (m.pop("content_sha256"), m.pop("files")))
+    assert _problem(int8_copy, tiny_model_dir).startswith("written before content hashes")
+    art.load_artifact(int8_copy, "cpu")   # it still loads: only reuse asks for proof
+
+
+@pytest.mark.parametrize("edit,reason", [
+    (lambda m: m.pop("weights"), "variant.json has no `weights`"),
+    (lambda m: m.update(weights=[1, 2]), "variant.json's `weights` is list, not a mapping"),
+    (lambda m: m["weights"].pop("bytes_on_disk"), "variant.json has no `weights.bytes_on_disk`"),
+    (lambda m: m["weights"].update(bytes_on_disk="12"), "`weights.bytes_on_disk` is str, not an integer"),
+    (lambda m: m["facts"].pop("parameters"), "variant.json has no `facts.parameters`"),
+    (lambda m: m["facts"].update(parameters=True), "`facts.parameters` is bool, not an integer"),
+    (lambda m: m.pop("model"), "variant.json has no `model`"),
+    (lambda m: m.update(modules=None), "`modules` is NoneType, not a mapping"),
+], ids=["no-weights", "weights-list", "no-bytes", "bytes-str", "no-parameters", "parameters-bool", "no-model",
+        "modules-null"])
+def test_a_variant_json_missing_a_key_is_a_reason_not_a_crash(int8_copy, tiny_model_dir, edit, reason):
+    _edit_meta(int8_copy, edit)
+    assert reason in _problem(int8_copy, tiny_model_dir)
+    with pytest.raises(ModelLoadError, match="cannot load artifact"):
+        art.load_artifact(int8_copy, "cpu")
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '"a string"', ""])
+def test_a_variant_json_that_is_not_a_json_mapping_is_a_reason(int8_copy, tiny_model_dir, content):
+    (int8_copy / "variant.json").write_text(content)
+    problem = _problem(int8_copy, tiny_model_dir)
+    assert "variant.json" in problem and ("cannot be read" in problem or "not a variantlab artifact" in problem)

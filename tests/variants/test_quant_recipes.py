@@ -365,6 +365,25 @@ def test_quantize_embeddings_stores_int8_rows_and_keeps_outputs(llama, dequant):
     assert any("embedding" in k for k in facts.kernels)
 
 
+def test_quantize_embeddings_on_a_tied_model_says_it_split_the_tie_and_what_it_costs():
+    """Issue 13: the head keeps its bf16 copy of the tied table and the int8 table comes beside it, so
+    the variant grows against plain int8 (the tie kept); the facts say so, with the sizes."""
+    tied = _llama(tie=True)
+    split, facts = _apply(tied, "int8", quantize_embeddings=True)
+    _, plain = _apply(tied, "int8")
+    table = VOCAB * HIDDEN
+    assert isinstance(split.get_input_embeddings(), ql.Int8Embedding) and split.lm_head.weight.dtype == torch.bfloat16
+    assert facts.weight_bytes - plain.weight_bytes == table + VOCAB * 2   # int8 rows + a bf16 scale per row
+    assert facts.extra["weight_bytes_with_tie_kept"] == plain.weight_bytes
+    split_note = "split the LM head's tie to the input embeddings"
+    note = next(n for n in facts.notes if split_note in n)
+    assert f"bf16 copy ({2 * table / 2**20:.2f} MiB)" in note
+    assert f"{facts.weight_bytes / 2**20:.2f} MiB against {plain.weight_bytes / 2**20:.2f} MiB" in note
+    assert not any(split_note in n for n in plain.notes)
+    _, untied = _apply(_llama(), "int8", quantize_embeddings=True)     # nothing to split: no such note
+    assert not any(split_note in n for n in untied.notes) and "weight_bytes_with_tie_kept" not in untied.extra
+
+
 def test_a_decode_step_reads_every_weight_but_the_embedding_table_a_lookup_needs(tiny_lm):
     import copy
     from variantlab.variants.recipe import decode_weight_bytes, resident_bytes

@@ -325,18 +325,17 @@ def _notes(constraints, judgements, objective: _Objective, coverage: str | None)
 def load_requirements(path: str | Path, suite: dict):
     """A requirements file (YAML: the `requirements:` block, or its fields at the top level), validated
     against the run's own suite so that errors name the file and the field."""
-    import yaml
-
     from ..errors import SuiteError
-    from ..suite import parse_suite
+    from ..suite import parse_suite, parse_yaml
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SuiteError("no such requirements file", file=str(path), accepted="a YAML file of requirements") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise SuiteError(f"cannot read requirements: {type(e).__name__}", file=str(path),
                          accepted="a UTF-8 YAML mapping of requirements") from None
+    data = parse_yaml(text, file=str(path))   # a key given twice is an error (line, column), as in a suite
     if isinstance(data, dict) and set(data) == {"requirements"}:
         data = data["requirements"]
     if not isinstance(data, dict):

@@ -23,6 +23,10 @@ FINISH_STOP = "stop"        # EOS or a stop string
 FINISH_LENGTH = "length"    # max_new_tokens reached
 
 
+class NonFiniteLogits(ArithmeticError):
+    """The model produced NaN or inf logits: its answers would be argmax of garbage, so the measurement fails."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     batching: bool = False         # stream() runs several requests together (else give it one at a time)

@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-from .base import Capabilities, Clock, GenerationRequest, ScoredText, TokenEvent
+from .base import Capabilities, Clock, GenerationRequest, NonFiniteLogits, ScoredText, TokenEvent
 from .kv_cache import KVCaches
 from .stopping import RequestStop, StopSpec, Vocabulary, build_spec
 
@@ -118,8 +118,13 @@ class TorchEngine:
                                 use_cache=True, **self._last).logits
             if pos is not None:
                 pos = pos[:, -1:]                                                       # (B, 1)
-            nxt = logits[:, -1].argmax(-1, keepdim=True)                                # (B, 1)
-            host = nxt.tolist()                                      # [[id] * B]; synchronises the device
+            last = logits[:, -1]                                                        # (B, V)
+            nxt = last.argmax(-1, keepdim=True)                                         # (B, 1)
+            finite = bool(torch.isfinite(last).all())               # once a request; synchronises the device
+            host = nxt.tolist()                                      # [[id] * B]
+        if not finite:
+            raise NonFiniteLogits(f"NaN or inf logits after the prompt of {len(prompts)} request(s) "
+                                  f"({max(n_in)} tokens): the variant's answers would be argmax of garbage")
         finish = [row.finish for row in rows]
         running = list(range(len(rows)))
         prompt_tokens: list[int] | None = n_in           # on each request's first event only

@@ -213,6 +213,9 @@ def analyse(trackers: Sequence, names: Sequence[str], baseline: str, builds: Seq
                 warnings.append(f"{n}: {once.text}")
             elif once is not None:
                 warnings += t.warnings(n, once)
+            if not t.once:   # a scenario that failed in a round; the round's other trackers kept their results
+                warnings += [f"{n}: {outs[t.name].text} (round {r + 1})" for r, outs in sorted(data[n].outputs.items())
+                             if isinstance(outs.get(t.name), Problem)]
     if ok and max(len(data[n].outputs) for n in ok) == 1:
         warnings.append("one round: timing deltas carry the machine's drift between one variant's process and the "
                         "next, so they get intervals but no verdict (with rounds: 5 they do)")
@@ -352,6 +355,19 @@ def _builds(builds, data) -> dict[str, dict]:
                           "kernels": list((v.kernels if v and v.kernels else None) or facts.get("kernels", ())),
                           "notes": list((v.notes if v and v.notes else None) or facts.get("notes", ())),
                           "build_s": b.timings.get("build_s"), "reused": b.reused,
-                          "not_reused": list(b.not_reused),
+                          "not_reused": list(b.not_reused), "artifact": artifact_line(b),
                           "device": v.device if v else None}
     return out
+
+
+def artifact_line(b) -> str | None:
+    """Where a variant's artifact came from, in words, when an artifacts folder was offered: reused
+    (it was verified against its hashes before, see variants/artifact_content.py) or rebuilt, and why."""
+    if b.reused:
+        return f"artifact reused from {b.artifact_dir} (hashes verified)"
+    if not b.not_reused:
+        return None
+    why = "; ".join(b.not_reused)
+    if b.status == "ok":
+        return f"artifact rebuilt into {b.artifact_dir}, not reused: {why}"
+    return f"artifact not reused ({why}), and its build did not succeed"

@@ -1,10 +1,16 @@
-"""Executors: where a job runs. The local one starts a fresh Python process per job.
+"""Executors: where a job runs. The local one starts a fresh Python process per job; the Ray one
+(ray_executor.py) runs the same process as a Ray task on a cluster.
 
 An executor takes a job (measure/wire.py) and always returns a record and its blobs — data, never
-a path. A worker that crashes, is killed, outlives its timeout or writes a result that does not
-validate becomes a failed record with the reason (for a crash: the last line it wrote to stderr).
-The local executor keeps each job's files (job.json, result.bin, stderr.txt) in a folder of the
-run for the curious; nothing downstream reads them.
+a path. A worker that crashes, is killed, outlives its timeout, grows past its memory limit or writes
+a result that does not validate becomes a failed record with the reason (for a crash: the last line
+it wrote to stderr). The local executor keeps each job's files (job.json, result.bin, stderr.txt) in
+a folder of the run for the curious; nothing downstream reads them.
+
+`run` runs one job; `run_all` runs a stream of tasks, as many at once as the executor has room for
+(the local one: one), taking the next task from the iterator only when a slot is free, so that a
+task made late sees every result that came before it (the runner decides then whether a variant's
+once-per-variant trackers still have to run).
 """
 from __future__ import annotations
 
@@ -15,29 +21,76 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol
 
+from .limits import Limits, format_bytes
 from .wire import CorruptResult, Job, Record, check_answers, decode_result, encode_job, failed, job_trackers
 from .worker import PROGRESS_PREFIX
 
 ProgressFn = Callable[[str, float], None]
+MEMORY_POLL_S = 0.025     # how often a worker under max_memory has its resident set read
+
+
+@dataclass(frozen=True)
+class Task:
+    """One job of a stream: what `run_all` hands back with its record."""
+
+    label: str                         # "fp32 · round 2/5", for the display
+    job: Job
+    workdir: Path
+    progress: ProgressFn | None = None
+
+
+DoneFn = Callable[[Task, Record, dict[str, bytes]], None]
 
 
 class Executor(Protocol):
-    def run(self, job: Job, workdir: Path, timeout_s: float,
+    def run(self, job: Job, workdir: Path, limits: Limits | float,
             progress: ProgressFn | None = None) -> tuple[Record, dict[str, bytes]]:
         """Run one job; always return (record, blobs)."""
 
+    def run_all(self, tasks: Iterable[Task], limits: Limits, on_done: DoneFn,
+                on_start: Callable[[Task], None] | None = None) -> None:
+        """Run every task (as many at once as there is room for); on_done(task, record, blobs) for each as it
+        finishes, in the calling thread."""
+
+    def kill(self) -> None:
+        """End whatever is running now (an interrupted run)."""
+
+
+def run_one_at_a_time(executor, tasks: Iterable[Task], limits: Limits, on_done: DoneFn,
+                      on_start: Callable[[Task], None] | None = None) -> None:
+    """`run_all` of an executor that runs one job at a time: each task in turn, in the stream's order."""
+    for task in tasks:
+        if on_start:
+            on_start(task)
+        record, blobs = executor.run(task.job, task.workdir, limits, task.progress)
+        on_done(task, record, blobs)
+
+
+def as_limits(limits: Limits | float) -> Limits:
+    return limits if isinstance(limits, Limits) else Limits(float(limits))
+
 
 class LocalProcessExecutor:
-    """`python -m variantlab.measure.worker` in a fresh process (its own process group), with a timeout."""
+    """`python -m variantlab.measure.worker` in a fresh process (its own process group), with a timeout
+    and, when given, a memory limit on the whole group."""
+
+    slots = 1
 
     def __init__(self, python: str = sys.executable):
         self.python = python
         self._running: subprocess.Popen | None = None
 
-    def run(self, job: Job, workdir: Path, timeout_s: float,
+    def run_all(self, tasks: Iterable[Task], limits: Limits, on_done: DoneFn,
+                on_start: Callable[[Task], None] | None = None) -> None:
+        run_one_at_a_time(self, tasks, limits, on_done, on_start)
+
+    def run(self, job: Job, workdir: Path, limits: Limits | float,
             progress: ProgressFn | None = None) -> tuple[Record, dict[str, bytes]]:
+        limits = as_limits(limits)
+        timeout_s = limits.timeout_s
         workdir.mkdir(parents=True, exist_ok=True)
         job_path, out_path, err_path = workdir / "job.json", workdir / "result.bin", workdir / "stderr.txt"
         out_path.unlink(missing_ok=True)
@@ -54,10 +107,14 @@ class LocalProcessExecutor:
             reader = threading.Thread(target=_read_progress, args=(proc.stdout, progress), daemon=True)
             reader.start()
             try:
-                code = proc.wait(timeout=timeout_s)
+                code = _wait(proc, timeout_s, limits.max_memory)
             except subprocess.TimeoutExpired:
                 self.kill()
-                return failed(job, "failed", f"timed out after {timeout_s:g} s (suite field timeout_s)"), {}
+                return failed(job, "failed", f"exceeded its time limit: still running after {timeout_s:g} s "
+                                             "(suite field timeout_s)"), {}
+            except MemoryLimitExceeded as e:
+                self.kill()
+                return failed(job, "failed", f"exceeded its memory limit: {e} (suite field max_memory)"), {}
             finally:
                 self._end_group(proc)     # no worker, and nothing it started, outlives its job
                 self._running = None
@@ -86,6 +143,48 @@ class LocalProcessExecutor:
             if proc.poll() is None:
                 proc.kill()
         proc.wait()
+
+
+class MemoryLimitExceeded(Exception):
+    """The worker's process group held more resident memory than its limit."""
+
+
+def group_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (0 once it is gone)."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, max_memory: int | None) -> int:
+    """The worker's exit code; TimeoutExpired past timeout_s,
+    MemoryLimitExceeded when its group's resident set passes max_memory (sampled every MEMORY_POLL_S)."""
+    if max_memory is None:
+        return proc.wait(timeout=timeout_s)
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rss = group_rss(proc.pid)
+        if rss > max_memory:
+            raise MemoryLimitExceeded(f"resident memory reached {format_bytes(rss)}, over max_memory "
+                                      f"{format_bytes(max_memory)}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        try:
+            return proc.wait(timeout=min(MEMORY_POLL_S, left))
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _die_with_parent() -> None:

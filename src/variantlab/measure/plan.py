@@ -6,9 +6,11 @@ order shuffled by the suite's seed. Anything that drifts on the machine between 
 job, a frequency change) then lands on every variant alike, and per-round paired ratios cancel
 what a round shares (asv and Google Benchmark interleave for the same reason).
 
-`make_plan` raises every input problem (VariantlabError) before anything runs; planning imports
-torch only for a recipe resolved at plan time (`recipe: auto`, variants/auto.py: it times this
-machine's kernels once, then reads them from the cache).
+`make_plan` raises every input problem (VariantlabError) before anything runs — all of them at once,
+in one line, so that a variant with two problems (int4 options and a gqa that does not divide the
+heads) is not fixed and rerun twice. Planning imports torch only for a recipe resolved at plan time
+(`recipe: auto`, variants/auto.py: it times this machine's kernels once, then reads them from the
+cache) and for `device: cuda`.
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.jsonl import load_jsonl
-from ..errors import DatasetError, SuiteError
+from ..data.jsonl import read_jsonl, summarize_skipped
+from ..errors import DatasetError, RecipeError, SuiteError, VariantlabError
 from ..data.structured import generate_samples
-from ..models.loading import check_model_dir, resolve_model_path
+from ..models.loading import ModelDirInfo, check_model_dir, resolve_model_path
 from ..suite import Suite, load_suite
 from ..variants.build import VariantDefinition
 from ..variants.registry import get_recipe, resolve_variant_attention, resolve_variant_recipe
@@ -52,6 +54,7 @@ class Plan:
     calibration_texts: tuple[str, ...]
     trackers: tuple
     rounds: int
+    warnings: tuple[str, ...] = ()           # said before measuring: the JSONL lines --skip-bad-lines skipped
 
     @property
     def baseline(self) -> str:
@@ -80,7 +83,13 @@ class Plan:
                              | ({"resolved": v.resolved} if v.resolved else {}) for v in self.variants],
                 "order": [self.order(r) for r in range(self.rounds)],
                 "trackers": [{"kind": t.kind, "config": t.config()} for t in self.trackers],
-                "samples": len(self.samples)}
+                "samples": len(self.samples), "samples_sha256": samples_digest(self.samples)}
+
+
+def samples_digest(samples) -> str:
+    """sha256 of the samples as JSON: a resumed run checks that its dataset is the one it began with."""
+    import hashlib
+    return hashlib.sha256(json.dumps(list(samples), sort_keys=True).encode()).hexdigest()
 
 
 def available_cores(cpu_max: str | Path = "/sys/fs/cgroup/cpu.max") -> int:
@@ -100,30 +109,45 @@ def available_cores(cpu_max: str | Path = "/sys/fs/cgroup/cpu.max") -> int:
 
 
 def dataset_samples(ds, base_dir: Path, field: str = "workload.dataset") -> list[dict]:
-    """The dataset's samples, each with a string id. A JSONL file shorter than an `n` the suite gives
-    explicitly is an error (it measured fewer samples than asked, silently); without `n`, a file may be
-    shorter than the default."""
+    """The dataset's samples, each with a string id; a bad JSONL line raises (load_dataset)."""
+    return load_dataset(ds, base_dir, field)[0]
+
+
+def load_dataset(ds, base_dir: Path, field: str = "workload.dataset",
+                 skip_bad_lines: bool = False) -> tuple[list[dict], tuple[str, ...]]:
+    """The dataset's samples, each with a string id, and warnings: with `skip_bad_lines` the JSONL lines
+    skipped, and why. A JSONL file shorter than an `n` the suite gives explicitly (counting its good lines)
+    is an error (it measured fewer samples than asked, silently); without `n`, a file may be shorter than
+    the default."""
+    warnings: tuple[str, ...] = ()
     if ds.path is not None:
         p = Path(ds.path)
         path = p if p.is_absolute() else base_dir / p
-        samples = load_jsonl(path, limit=ds.n)
+        read = read_jsonl(path, limit=ds.n, skip_bad_lines=skip_bad_lines)
+        samples, skipped = read.records, read.skipped
+        if skipped:
+            warnings = (f"{field}: skipped {len(skipped)} bad line{'s' * (len(skipped) > 1)} of {ds.path} "
+                        f"({summarize_skipped(skipped)})",)
         if "n" in ds.model_fields_set and len(samples) < ds.n:
-            raise DatasetError(f"the file has {len(samples)} records, fewer than the n: {ds.n} asked for",
+            good = f"{len(samples)} good records ({len(skipped)} bad lines skipped)" if skipped else \
+                f"{len(samples)} records"
+            raise DatasetError(f"the file has {good}, fewer than the n: {ds.n} asked for",
                                file=str(path), field=f"{field}.n",
                                accepted=f"n: {len(samples)} or less, or a file with {ds.n} records")
     else:
         samples = generate_samples(ds.n, ds.seed)
-    return [dict(s) | {"id": str(s.get("id", i))} for i, s in enumerate(samples)]
+    return [dict(s) | {"id": str(s.get("id", i))} for i, s in enumerate(samples)], warnings
 
 
-def _calibration(suite: Suite, base_dir: Path, samples: list[dict]) -> list[dict]:
-    """The suite's `calibration:` dataset; else the workload's samples that teacher-forced scoring does not
-    use (so that a calibrated recipe's KLD is not measured on its own calibration text), or all of them
-    when fewer than MIN_CALIBRATION would be left."""
+def _calibration(suite: Suite, base_dir: Path, samples: list[dict],
+                 skip_bad_lines: bool = False) -> tuple[list[dict], tuple[str, ...]]:
+    """The suite's `calibration:` dataset (and its warnings); else the workload's samples that teacher-forced
+    scoring does not use (so that a calibrated recipe's KLD is not measured on its own calibration text), or
+    all of them when fewer than MIN_CALIBRATION would be left."""
     if suite.calibration:
-        return dataset_samples(suite.calibration, base_dir, "calibration")
+        return load_dataset(suite.calibration, base_dir, "calibration", skip_bad_lines)
     rest = samples[suite.workload.accuracy.samples:]
-    return rest if len(rest) >= MIN_CALIBRATION else samples
+    return (rest if len(rest) >= MIN_CALIBRATION else samples), ()
 
 
 def check_cuda(suite_path: str) -> None:
@@ -138,45 +162,134 @@ def check_cuda(suite_path: str) -> None:
                                   "machine with a GPU (README)")
 
 
-def make_plan(suite: Suite, suite_path: str, base_dir: Path) -> Plan:
-    """Resolve and check every model and recipe, and load the datasets; raise on bad input."""
+def check_positions(suite: Suite, info: ModelDirInfo, *, file: str) -> list[VariantlabError]:
+    """Every scenario length (prompt + tokens decoded after it) beyond a learned position table: GPT-2's
+    1,024 positions against a 1,100-token length-sweep prompt raised IndexError in the worker. Models
+    without a table (rotary, ALiBi) compute positions for any length, so nothing is refused for them."""
+    limit = info.position_limit()
+    if limit is None:
+        return []
+    most, why = limit
+    problems: list[VariantlabError] = []
+    new = suite.workload.max_new_tokens
+    for i, sc in enumerate(suite.workload.scenarios):
+        decoded = getattr(sc, "decode_tokens", new)     # a sweep decodes its own count, the others the workload's
+        over = [n for n in sc.context_lengths() if n + decoded > most]
+        if over:
+            problems.append(SuiteError(
+                f"{sc.type} length{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} + {decoded} decoded "
+                f"tokens need {max(over) + decoded} positions; {info.path} ({info.architecture}) has {most}: {why}",
+                file=file, field=f"workload.scenarios[{i}].lengths", accepted=f"lengths up to {most - decoded}"))
+    if new + 1 > most:      # a prompt has one token at least
+        problems.append(SuiteError(
+            f"max_new_tokens {new} after a prompt of one token at least needs {new + 1} positions; {info.path} "
+            f"({info.architecture}) has {most}: {why}", file=file, field="workload.max_new_tokens",
+            accepted=f"max_new_tokens up to {most - 1}"))
+    return problems
+
+
+def check_baseline_buildable(suite: Suite, recipe: str, *, file: str, field: str) -> RecipeError | None:
+    """A baseline that cannot be built here leaves nothing to compare against: refused when the device alone
+    says so (a CUDA-only recipe with `device: cpu`). Another variant that cannot run is measured as
+    'unsupported' instead, which the report shows. `device: auto` is resolved only by torch, in the worker."""
+    if suite.device != "cpu":
+        return None
+    reason = getattr(get_recipe(recipe), "device_reason", lambda device: None)("cpu")
+    if reason is None:
+        return None
+    return RecipeError(f"the baseline cannot be built: {reason}", file=file, field=f"{field}.recipe",
+                       accepted="a baseline recipe this device runs (fp32 | bf16 | int8 | …), or device: cuda "
+                                "on a machine with a GPU")
+
+
+def one_error(problems: list[VariantlabError], file: str) -> VariantlabError:
+    """One problem as it is; several as one line, '<file>: N problems: <field>: … ; <field>: …', of their class
+    where they share one. `.problems` keeps them apart."""
+    unique = list({p.one_line(): p for p in problems}.values())
+    if len(unique) == 1:
+        return unique[0]
+    kinds = {type(p) for p in unique}
+    cls = kinds.pop() if len(kinds) == 1 else VariantlabError
+    parts = [VariantlabError(p.detail, field=p.field, accepted=p.accepted).one_line() for p in unique]
+    err = cls(f"{len(unique)} problems: " + "; ".join(parts), file=file)
+    err.problems = tuple(unique)
+    return err
+
+
+def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list[dict], suite_path: str,
+                  base_dir: Path, problems: list[VariantlabError]) -> PlannedVariant | None:
+    """Variant i resolved and checked; its problems are appended to `problems` (None when it has any)."""
+    v, field = suite.variants[i], f"variants[{i}]"
+    found = len(problems)
+    if v.endpoint is not None:   # measured as it serves: nothing to build or check here
+        return PlannedVariant(VariantDefinition(v.name, endpoint=v.endpoint), base.path if base else Path("."))
+    recipe = options = None
+    try:
+        recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)
+    except VariantlabError as e:
+        problems.append(e)
+    info = base
+    if v.model is not None:
+        try:
+            path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
+            info = check_model_dir(path, file=suite_path, field=f"{field}.model")
+        except VariantlabError as e:
+            problems.append(e)
+            info = None
+    try:
+        attention = resolve_variant_attention(v, config=info.config if info else None, file=suite_path, field=field)
+    except VariantlabError as e:
+        problems.append(e)
+    if recipe is not None and v.name == suite.baseline_name:
+        if (e := check_baseline_buildable(suite, recipe, file=suite_path, field=field)) is not None:
+            problems.append(e)
+    if info is not None:
+        problems.extend(check_positions(suite, info, file=suite_path))
+    if len(problems) > found:
+        return None
+    compile_, resolved = v.compile, None
+    resolve = getattr(get_recipe(recipe), "resolve", None)   # a recipe chosen at plan time (auto)
+    if resolve is not None:
+        try:
+            r = resolve(options, suite=suite, samples=samples, config=info.config, model_dir=info.path,
+                        file=suite_path, field=field)
+        except VariantlabError as e:
+            problems.append(e)
+            return None
+        recipe, options, resolved = r.recipe, r.options, r.to_json()
+        if "compile" not in v.model_fields_set:   # the variant's own compile: wins over the choice
+            compile_ = r.compile
+    return PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options), compile_),
+                          info.path, resolved)
+
+
+def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: bool = False) -> Plan:
+    """Resolve and check every model and recipe, and load the datasets; raise every problem found, as one error.
+
+    `skip_bad_lines`: a JSONL dataset's bad lines are skipped, and the plan's warnings say which."""
     if suite.device == "cuda":
         check_cuda(suite_path)
-    base_model = Path(".")
+    base = None
     if suite.model is not None:
         base_model = resolve_model_path(suite.model, base_dir, file=suite_path, field="model")
-        check_model_dir(base_model, file=suite_path, field="model")
-    samples = dataset_samples(suite.workload.dataset, base_dir)
-    planned = []
-    for i, v in enumerate(suite.variants):
-        field = f"variants[{i}]"
-        if v.endpoint is not None:   # measured as it serves: nothing to build or check here
-            planned.append(PlannedVariant(VariantDefinition(v.name, endpoint=v.endpoint), base_model))
-            continue
-        recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)
-        path = base_model
-        if v.model is not None:
-            path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
-            check_model_dir(path, file=suite_path, field=f"{field}.model")
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))  # check_model_dir parsed it
-        attention = resolve_variant_attention(v, config=config, file=suite_path, field=field)
-        compile_, resolved = v.compile, None
-        resolve = getattr(get_recipe(recipe), "resolve", None)   # a recipe chosen at plan time (auto)
-        if resolve is not None:
-            r = resolve(options, suite=suite, samples=samples, config=config, model_dir=path, file=suite_path,
-                        field=field)
-            recipe, options, resolved = r.recipe, r.options, r.to_json()
-            if "compile" not in v.model_fields_set:   # the variant's own compile: wins over the choice
-                compile_ = r.compile
-        planned.append(PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options),
-                                                        compile_), path, resolved))
+        base = check_model_dir(base_model, file=suite_path, field="model")
+    samples, warnings = load_dataset(suite.workload.dataset, base_dir, skip_bad_lines=skip_bad_lines)
+    problems: list[VariantlabError] = []
+    planned = [_plan_variant(suite, i, base, samples, suite_path, base_dir, problems)
+               for i in range(len(suite.variants))]
+    if problems:
+        raise one_error(problems, suite_path)
     planned.sort(key=lambda p: p.name != suite.baseline_name)
-    texts = tuple(s["prompt"] + " " + s["answer"] for s in _calibration(suite, base_dir, samples)[:CALIBRATION_LIMIT])
+    calibration, calibration_warnings = _calibration(suite, base_dir, samples, skip_bad_lines)
+    texts = tuple(s["prompt"] + " " + s["answer"] for s in calibration[:CALIBRATION_LIMIT])
     return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(standard_trackers(suite, len(samples))),
-                suite.rounds)
+                suite.rounds, warnings + calibration_warnings)
 
 
-def plan_suite_file(suite_path: str | Path) -> Plan:
-    """Load and check a suite file: every input problem is raised here, before anything runs."""
+def plan_suite_file(suite_path: str | Path, skip_bad_lines: bool = False) -> Plan:
+    """Load and check a suite file: every input problem is raised here, before anything runs.
+
+    `skip_bad_lines` (`--skip-bad-lines`): skip a JSONL dataset's bad lines instead of stopping at the first;
+    `Plan.warnings` lists them."""
     suite_path = str(suite_path)
-    return make_plan(load_suite(suite_path), suite_path, Path(suite_path).resolve().parent)
+    return make_plan(load_suite(suite_path), suite_path, Path(suite_path).resolve().parent, skip_bad_lines)

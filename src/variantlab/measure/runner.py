@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -28,8 +29,10 @@ from ..store import DEFAULT_STORE, DONE, INTERRUPTED, Store
 from ..variants.artifact import META_FILE, artifact_problem, read_variant_json
 from ..variants.build import calibration_digest
 from .analysis import Comparison, analyse
-from .executor import Executor, LocalProcessExecutor
+from .executor import Executor, LocalProcessExecutor, Task
+from .limits import Limits
 from .plan import Plan, PlannedVariant, available_cores, plan_suite_file
+from .run_lock import run_lock
 from .wire import BuildJob, BuildRecord, MeasureJob, TrackerJob
 
 
@@ -152,72 +155,181 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
 
     `artifacts_dir` (e.g. what `variantlab build` wrote): a valid artifact in artifacts_dir/<variant>
     is reused; a missing or stale one is built into the run folder (artifacts_dir is never written)."""
-    import time
     t0 = time.perf_counter()
     suite = plan.suite
     check_artifacts_dir(artifacts_dir)
-    executor = executor or LocalProcessExecutor()
-    events = events or Events()
     run_id = new_run_id()
     out = make_folder(Path(output_dir or suite.output.dir) / run_id, "the run folder", "output.dir",
                       "a writable folder (--output DIR)")
     threads = suite.threads or available_cores()
-    warnings = machine_warnings(available_cores())
     env = host_fingerprint() | {"threads_per_worker": threads, "rounds": plan.rounds}
     store_file = Path(store_path or suite.output.store or DEFAULT_STORE)
-    kept = 0
-    with Store(store_file) as store:
+    with Store(store_file) as store, run_lock(out, run_id):
         store.create_run(run_id, suite.model_dump(mode="json"), plan.suite_path, plan.to_json(), env, str(out))
+        run = _Run(plan, run_id, out, store, store_file, executor or LocalProcessExecutor(), events or Events(),
+                   threads, env, machine_warnings(available_cores()), artifacts_dir)
+        return run.carry_out(t0)
+
+
+def resume_run(run_id: str, *, store_path: str | Path | None = None, executor: Executor | None = None,
+               events: Events | None = None) -> BenchResult:
+    """Finish a run that did not end (its bench was killed, or interrupted): the plan is made again from the
+    stored suite and must match the stored one; what finished is kept as it is, and only the builds and
+    measurements without a record run, with the run's own threads."""
+    t0 = time.perf_counter()
+    store_file = Path(store_path or DEFAULT_STORE)
+    if not store_file.is_file():
+        raise StoreError("no results store here", file=str(store_file),
+                         accepted="the store the run was written to (--store PATH)")
+    with Store(store_file) as store:
+        row = store.run(run_id)
+        if row.status == DONE:
+            raise VariantlabError(f"run {row.run_id} finished; there is nothing to resume", field="--resume",
+                                  accepted="a run whose status is running (its bench was killed) or interrupted "
+                                           "(`variantlab runs` lists them)")
+        plan = replan(row, store_file)
+        out = Path(row.output_dir)
+        with run_lock(make_folder(out, "the run folder", "output.dir", "a writable folder"), row.run_id):
+            store.reopen_run(row.run_id)
+            run = _Run(plan, row.run_id, out, store, store_file, executor or LocalProcessExecutor(),
+                       events or Events(), int(row.environment.get("threads_per_worker") or available_cores()),
+                       row.environment, machine_warnings(available_cores()), None)
+            return run.carry_out(t0, resumed=True)
+
+
+def replan(row, store_file: Path) -> Plan:
+    """The plan of a stored run, made again from its stored suite; bad input when it no longer comes out the
+    same (a dataset or model that changed, an `auto` recipe that now chooses otherwise)."""
+    from ..suite import parse_suite
+    from .plan import make_plan
+    suite_path = row.suite_path or "<stored suite>"
+    base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
+    plan = make_plan(parse_suite(row.suite, suite_path), suite_path, base_dir).with_rounds(int(row.plan["rounds"]))
+    now = plan.to_json()
+    changed = [k for k in sorted(set(now) | set(row.plan)) if now.get(k) != row.plan.get(k)]
+    if changed:
+        raise VariantlabError(f"run {row.run_id} cannot be resumed: its plan made again today differs in "
+                              f"{', '.join(changed)} (the suite's model, dataset or recipes changed since)",
+                              file=str(store_file), field="--resume",
+                              accepted="a run whose suite, model and dataset are as they were; else start a new run")
+    return plan
+
+
+@dataclass
+class _Run:
+    """One run being carried out (new or resumed): builds, then the measurements without a record, each record
+    committed as it arrives; then the comparison, the explanations, the recommendation and the reports."""
+
+    plan: Plan
+    run_id: str
+    out: Path
+    store: Store
+    store_file: Path
+    executor: Executor
+    events: Events
+    threads: int
+    env: dict
+    warnings: list[str]
+    artifacts_dir: str | Path | None
+    kept: int = 0
+
+    def carry_out(self, t0: float, resumed: bool = False) -> BenchResult:
+        plan, store, run_id = self.plan, self.store, self.run_id
         try:
-            events.on_start(len(plan.variants) * (1 + plan.rounds))
-            builds: dict[str, BuildRecord] = {}
-            for v in plan.variants:
-                builds[v.name] = _artifact_for(plan, v, out / "variants" / v.name, executor, artifacts_dir,
-                                               threads, events)
-                store.put_record(run_id, builds[v.name])
-                kept += 1
-            once_done: set[str] = set()
-            for r in range(plan.rounds):
-                for name in plan.order(r):
-                    record, blobs = _measure(plan, name, r, builds[name], name not in once_done, out, executor,
-                                             threads, events)
-                    if record is None:
-                        continue
-                    store.put_record(run_id, record, blobs)
-                    kept += 1
-                    if record.status == "ok" and record.ran_once:
-                        once_done.add(name)
+            finished = {(r.variant, r.kind, getattr(r, "round", 0)): r for r in store.records(run_id)}
+            self.kept = len(finished)
+            self.events.on_start(len(plan.variants) * (1 + plan.rounds) - len(finished))
+            builds = {v.name: self._build(v, finished.get((v.name, "build", 0))) for v in plan.variants}
+            self._measure_all(builds, finished)
             records = store.records(run_id, "measure")
+            if resumed:
+                self.warnings.append(f"resumed: {len(finished)} records were kept from before the resume, the "
+                                     "rest measured after it")
             comparison = analyse(plan.trackers, [v.name for v in plan.variants], plan.baseline,
-                                 list(builds.values()), records, store.blob, extra_warnings=warnings)
+                                 list(builds.values()), records, store.blob, extra_warnings=self.warnings)
             store.finish_run(run_id, comparison.to_json(), DONE)
         except BaseException as e:  # never left as `running`: what finished stays, the run says it did not end
             with _signals_held():   # a second Ctrl-C must not stop the clean-up half way
-                kill = getattr(executor, "kill", None)
-                if kill:
-                    kill()
+                self.executor.kill()
                 store.finish_run(run_id, None, INTERRUPTED)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise RunInterrupted(run_id, store_file, kept) from e
+                raise RunInterrupted(run_id, self.store_file, self.kept) from e
             raise
-    explanations, explain_notes = (), ()
-    if suite.explain:
-        explanations, explain_notes = _explain_slower(plan, builds, comparison, out, executor, threads, events)
-    recommendation = None
-    if suite.requirements.given:
-        from ..advise.recommend import recommend
-        recommendation = recommend(comparison, [sc.model_dump() for sc in suite.workload.scenarios],
-                                   suite.requirements)
-    result = BenchResult(run_id, suite.name, out, store_file, env, comparison, time.perf_counter() - t0,
-                         explanations, explain_notes, {v.name: v.resolved["summary"] for v in plan.variants
-                                                       if v.resolved}, recommendation)
-    from ..report.files import write_reports
-    try:
-        write_reports(result)
-    except OSError as e:
-        raise VariantlabError(f"cannot write the run's reports ({e.strerror}); the run is stored as {run_id}",
-                              file=str(out), accepted="a writable folder") from None
-    return result
+        return self._report(t0, builds, comparison)
+
+    def _build(self, v: PlannedVariant, stored: BuildRecord | None) -> BuildRecord:
+        """The variant's build: a stored one (resuming) whose artifact is still as built, else reused or built.
+        A stored failure stays the variant's status: resuming finishes a run, it does not retry it."""
+        if stored is not None and (stored.status != "ok" or v.definition.endpoint is not None
+                                   or mismatch(self.plan, v, Path(stored.artifact_dir)) is None):
+            return stored
+        record = _artifact_for(self.plan, v, self.out / "variants" / v.name, self.executor, self.artifacts_dir,
+                               self.threads, self.events)
+        self.store.put_record(self.run_id, record)
+        self.kept += 1
+        return record
+
+    def _measure_all(self, builds: dict[str, BuildRecord], finished: dict) -> None:
+        """Every (variant, round) without a record, in the plan's order, through the executor's run_all. A
+        variant's once-per-variant trackers ride on its first round that is made while none of its rounds
+        has run them (or is running them) yet."""
+        plan = self.plan
+        once_done = {r.variant for r in finished.values() if r.kind == "measure" and r.status == "ok" and r.ran_once}
+        once_running: set[str] = set()
+
+        def tasks():
+            for r in range(plan.rounds):
+                for name in plan.order(r):
+                    if (name, "measure", r) in finished or builds[name].status != "ok":
+                        continue
+                    run_once = name not in once_done and name not in once_running
+                    if run_once:
+                        once_running.add(name)
+                    label = f"{name} · round {r + 1}/{plan.rounds}"
+                    yield Task(label, self._measure_job(name, r, builds[name], run_once),
+                               self.out / "jobs" / f"{name}-r{r + 1}",
+                               lambda stage, f, label=label: self.events.on_progress(label, stage, f))
+
+        def on_done(task: Task, record, blobs) -> None:
+            self.store.put_record(self.run_id, record, blobs)
+            self.kept += 1
+            if task.job.run_once:
+                once_running.discard(record.variant)
+                if record.status == "ok" and record.ran_once:
+                    once_done.add(record.variant)
+            self.events.on_done(task.label, record)
+
+        self.executor.run_all(tasks(), Limits(plan.suite.timeout_s, plan.suite.max_memory_bytes), on_done,
+                              on_start=lambda task: self.events.on_job(task.label))
+
+    def _measure_job(self, name: str, r: int, build: BuildRecord, run_once: bool) -> MeasureJob:
+        plan, suite = self.plan, self.plan.suite
+        return MeasureJob(variant=plan.variant(name).definition.to_json(), artifact_dir=build.artifact_dir, round=r,
+                          device=suite.device, threads=self.threads, seed=suite.seed, samples=plan.samples,
+                          trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in plan.trackers),
+                          run_once=run_once)
+
+    def _report(self, t0: float, builds: dict, comparison: Comparison) -> BenchResult:
+        plan, suite, out = self.plan, self.plan.suite, self.out
+        explanations, explain_notes = (), ()
+        if suite.explain:
+            explanations, explain_notes = _explain_slower(plan, builds, comparison, out, self.executor, self.threads,
+                                                          self.events)
+        recommendation = None
+        if suite.requirements.given:
+            from ..advise.recommend import recommend
+            recommendation = recommend(comparison, [sc.model_dump() for sc in suite.workload.scenarios],
+                                       suite.requirements)
+        result = BenchResult(self.run_id, suite.name, out, self.store_file, self.env, comparison,
+                             time.perf_counter() - t0, explanations, explain_notes,
+                             {v.name: v.resolved["summary"] for v in plan.variants if v.resolved}, recommendation)
+        from ..report.files import write_reports
+        try:
+            write_reports(result)
+        except OSError as e:
+            raise VariantlabError(f"cannot write the run's reports ({e.strerror}); the run is stored as "
+                                  f"{self.run_id}", file=str(out), accepted="a writable folder") from None
+        return result
 
 
 def slower_than_baseline(comparison: Comparison) -> list[str]:
@@ -263,24 +375,12 @@ def _explain_slower(plan: Plan, builds: dict, comparison: Comparison, out: Path,
     return tuple(done), tuple(notes)
 
 
-def _measure(plan: Plan, name: str, r: int, build: BuildRecord, run_once: bool, out: Path, executor: Executor,
-             threads: int, events: Events):
-    """One measurement of `name` in round r: (record, blobs); (None, {}) when its build did not succeed
-    (the build record already says why)."""
-    if build.status != "ok":
-        return None, {}
-    suite = plan.suite
-    v = plan.variant(name)
-    job = MeasureJob(variant=v.definition.to_json(), artifact_dir=build.artifact_dir, round=r, device=suite.device,
-                     threads=threads, seed=suite.seed, samples=plan.samples,
-                     trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in plan.trackers),
-                     run_once=run_once)
-    label = f"{name} · round {r + 1}/{plan.rounds}"
-    events.on_job(label)
-    record, blobs = executor.run(job, out / "jobs" / f"{name}-r{r + 1}", suite.timeout_s,
-                                 lambda stage, f: events.on_progress(label, stage, f))
-    events.on_done(label, record)
-    return record, blobs
+def mismatch(plan: Plan, v: PlannedVariant, artifact: Path) -> str | None:
+    """Why the artifact in `artifact` is not v's, as planned (None: it is, its content hashes verified)."""
+    d = v.definition
+    return artifact_problem(artifact, d.recipe, d.options, v.source, _device_type(plan.suite.device),
+                            attention=d.attention, attention_options=d.attention_options,
+                            calibration_sha256=calibration_digest(plan.calibration_texts))
 
 
 def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Executor,
@@ -297,10 +397,7 @@ def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Ex
         if not (c / META_FILE).is_file():
             skipped.append(f"{c}: no artifact there")
             continue
-        device_type = _device_type(plan.suite.device)
-        problem = artifact_problem(c, d.recipe, d.options, v.source, device_type, attention=d.attention,
-                                   attention_options=d.attention_options,
-                                   calibration_sha256=calibration_digest(plan.calibration_texts))
+        problem = mismatch(plan, v, c)
         if problem is None:
             meta = read_variant_json(c)
             record = BuildRecord(variant=v.name, status="ok", artifact_dir=str(c.resolve()), reused=True,

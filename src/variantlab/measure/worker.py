@@ -9,8 +9,9 @@
   variant needs, transformers' lazy ones included) → tokenizer → load (the weights only, from the
   variant's artifact) → compile (when asked) → first token — then hosts the job's trackers in
   order (measure/trackers/): the scenarios and memory, and, in a variant's first good round, the
-  once-per-variant ones (facts, attention error, grading, scoring). One of those that raises is
-  recorded as that tracker's error, and the round's timing stays.
+  once-per-variant ones (facts, attention error, grading, scoring). A tracker that raises is
+  recorded as that tracker's error, and the round's other trackers keep their results. NaN or inf
+  logits (the engine checks each prompt's, scoring each text's) fail the whole measurement.
 Cold start and peak memory are the process's own, so a job needs a process of its own: a Ray task
 that calls `run_job` must not share its worker process with another (max_calls=1).
 A failure is a record too: "unsupported" only when a capability check says the device cannot run
@@ -104,7 +105,7 @@ def import_stage(artifact_dir: str) -> None:
     from ..variants import build, quant_linear, registry  # noqa: F401
     from . import trackers  # noqa: F401
 
-    config = AutoConfig.from_pretrained(artifact_dir, local_files_only=True)
+    config = AutoConfig.from_pretrained(artifact_dir, local_files_only=True, trust_remote_code=False)
     try:
         AutoModelForCausalLM._model_mapping[type(config)]
     except KeyError:   # not an auto-mapped architecture: loading says what is wrong, with the file named
@@ -150,7 +151,7 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         import torch
         from transformers import AutoTokenizer
 
-        from ..backends.base import GenerationRequest, run_requests
+        from ..backends.base import GenerationRequest, NonFiniteLogits, run_requests
         from ..backends.torch_engine import TorchEngine
         from ..environment import torch_fingerprint
         from ..variants import build as variants
@@ -161,7 +162,7 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         t_imported = process_clock()
         baseline = current_bytes(device)
 
-        tokenizer = AutoTokenizer.from_pretrained(job.artifact_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(job.artifact_dir, local_files_only=True, trust_remote_code=False)
         tokenizer_id = _tokenizer_id(job.artifact_dir)
         t_tokenizer = process_clock()
         built = variants.load(job.artifact_dir, device, tokenizer=tokenizer)
@@ -192,10 +193,15 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
                     continue
                 try:
                     out = tracker.run(host)
+                    nonfinite = getattr(out, "nonfinite", None)   # teacher-forced scoring names where
+                    if nonfinite:
+                        raise NonFiniteLogits(nonfinite)
+                except NonFiniteLogits:
+                    raise          # garbage answers: the whole measurement failed, with where
                 except Exception as e:  # noqa: BLE001
-                    if not tracker.once:   # a scenario that raises: the measurement failed
-                        raise
-                    # a once-per-variant check that raises keeps the round's timing; its rows say why
+                    # a tracker that raises (a scenario, a once-per-variant check) is that tracker's error:
+                    # the round's other trackers, finished or still to run, keep their results; its rows
+                    # say why
                     traceback.print_exc()
                     results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={},
                                                  error=failure_reason(e)))

@@ -1,18 +1,21 @@
 """Finding and loading causal-LM checkpoints from local directories.
 
 `check_model_dir` validates a directory without importing torch (config.json names a causal LM,
-safetensors headers parse and the files are as long as their headers say), so a bad path fails
-fast, with one line, before any variant runs. `load_causal_lm` does the real load.
+safetensors headers parse and the files are as long as their headers say, and the checks of
+models/checks.py: no pickle-only weights, no remote code, a tokenizer, shapes that match config.json),
+so a bad path fails fast, with one line, before any variant runs. `load_causal_lm` does the real
+load, from safetensors only and never with the checkpoint's own code.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from . import checks
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = {"tiny-structured": Path(__file__).parent / "tiny_structured"}
@@ -26,6 +29,12 @@ class ModelDirInfo:
     model_type: str
     weight_files: tuple[Path, ...]
     weight_bytes: int
+    config: dict = dataclass_field(default_factory=dict)                      # config.json as parsed
+    shapes: dict[str, tuple[int, ...]] = dataclass_field(default_factory=dict)  # tensor name → shape, from headers
+
+    def position_limit(self) -> tuple[int, str] | None:
+        """(most positions a sequence may take, why) where a learned position table bounds it; else None."""
+        return checks.position_limit(self.config, self.shapes)
 
 
 def resolve_model_path(spec: str, base_dir: Path | None = None, *, file: str | None = None,
@@ -44,6 +53,13 @@ def resolve_model_path(spec: str, base_dir: Path | None = None, *, file: str | N
 
 def check_model_dir(path: Path, *, file: str | None = None, field: str = "model") -> ModelDirInfo:
     """Validate a checkpoint directory cheaply; raise ModelLoadError naming what is wrong."""
+    try:
+        path.stat()
+    except (OSError, ValueError) as e:   # a name too long for the OS, or with a NUL byte: not "does not exist"
+        if not isinstance(e, FileNotFoundError):
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise ModelLoadError(f"model directory {str(path)[:80]!r} cannot be looked up: {why}", file=file,
+                                 field=field, accepted=ACCEPTED) from None
     if not path.exists():
         raise ModelLoadError(f"model directory {path} does not exist", file=file, field=field, accepted=ACCEPTED)
     if not path.is_dir():
@@ -67,18 +83,26 @@ def check_model_dir(path: Path, *, file: str | None = None, field: str = "model"
         raise ModelLoadError(
             f"{path} is not a causal LM (config.json architectures: {archs or 'none'})",
             file=file, field=field, accepted="a directory whose config.json names a *ForCausalLM architecture")
+    checks.check_no_remote_code(path, cfg, file=file, field=field)
     weights = tuple(sorted(path.glob("*.safetensors")))
     if not weights:
+        checks.check_no_pickle_only(path, file=file, field=field)
         raise ModelLoadError(f"{path} has no .safetensors weights", file=file, field=field,
                              accepted="a directory with model.safetensors (or shards)")
-    total = 0
+    total, shapes = 0, {}
     for w in weights:
-        total += check_safetensors(w, file=file, field=field)
-    return ModelDirInfo(path, causal[0], str(cfg.get("model_type", "")), weights, total)
+        size, found = check_safetensors(w, file=file, field=field)
+        total += size
+        shapes |= found
+    checks.check_shapes(path, cfg, shapes, file=file, field=field)
+    checks.check_tokenizer(path, file=file, field=field)
+    return ModelDirInfo(path, causal[0], str(cfg.get("model_type", "")), weights, total, cfg, shapes)
 
 
-def check_safetensors(path: Path, *, file: str | None = None, field: str = "model") -> int:
-    """Parse a safetensors header and check the file holds every tensor it declares; return its size."""
+def check_safetensors(path: Path, *, file: str | None = None,
+                      field: str = "model") -> tuple[int, dict[str, tuple[int, ...]]]:
+    """Parse a safetensors header and check the file holds every tensor it declares; return its size and
+    every tensor's shape (name → shape)."""
     size = path.stat().st_size
     bad = lambda why: ModelLoadError(f"{path} is corrupt or truncated: {why}", file=file, field=field,  # noqa: E731
                                      accepted="an intact safetensors file")
@@ -94,13 +118,15 @@ def check_safetensors(path: Path, *, file: str | None = None, field: str = "mode
             raise bad("header is not valid JSON") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
+    tensors = {k: t for k, t in header.items() if k != "__metadata__"}
     try:
-        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+        end = max((int(t["data_offsets"][1]) for t in tensors.values()), default=0)
+        shapes = {k: tuple(int(d) for d in t["shape"]) for k, t in tensors.items()}
     except (TypeError, KeyError, IndexError, ValueError):
-        raise bad("a tensor entry has no valid data_offsets") from None
+        raise bad("a tensor entry has no valid data_offsets or shape") from None
     if 8 + n + end > size:
         raise bad(f"tensors need {8 + n + end} bytes, the file has {size}")
-    return size
+    return size, shapes
 
 
 def tokenizer_fingerprint(path: Path) -> str:
@@ -119,8 +145,10 @@ def load_causal_lm(path: Path, dtype, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        # safetensors only (a pickle is never opened) and transformers' own code only (never the checkpoint's)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, use_safetensors=True,
+                                                     trust_remote_code=False)
     except Exception as e:  # transformers raises many types; the user needs the one line
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "ignore_mismatched_sizes" in why:

@@ -138,7 +138,8 @@ def noise_line(c: Comparison, rows: list[Row]) -> str | None:
 
 
 def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True) -> list[str]:
-    """Failed variants with their reasons, the rounds, the noise, then (full) builds, warnings and notes."""
+    """Failed variants with their reasons, the rounds, the noise, where artifacts came from (reused or
+    rebuilt, and why), then (full) builds, warnings and notes."""
     rows = visible_rows(c) if rows is None else rows
     lines = [f"{v}: {c.status[v]} — {c.reasons.get(v) or 'no reason given'}"
              for v in c.variants if c.status.get(v) != "ok"]
@@ -146,6 +147,7 @@ def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True
     noise = noise_line(c, rows)
     if noise:
         lines.append(noise)
+    lines += [f"{v}: {b['artifact']}" for v, b in c.builds.items() if b.get("artifact")]
     if full:
         for v, b in c.builds.items():
             if c.status.get(v) != "ok":
@@ -158,7 +160,8 @@ def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True
                             f", built in {b['build_s']:.1f} s" if b.get("build_s") else "")
                          + f"; kernels: {', '.join(b['kernels']) or 'n/a'}")
             lines += [f"  note: {note}" for note in b.get("notes", ())]
-            lines += [f"  artifact not reused: {why}" for why in b.get("not_reused", ())]
+            if "artifact" not in b:   # a comparison stored before the artifact line
+                lines += [f"  artifact not reused: {why}" for why in b.get("not_reused", ())]
     lines += [f"note: {r.label}: {r.note}" for r in rows if r.note]
     lines += [f"warning: {w}" for w in (*c.warnings, *(w for r in rows for w in r.warnings))]
     return lines

@@ -523,7 +523,7 @@ class TokenizerText:
 def tokenizer_text(source) -> TokenizerText:
     """The checkpoint's tokenizer, loaded as models/loading.load_causal_lm loads it."""
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return TokenizerText(tok)

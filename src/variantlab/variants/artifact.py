@@ -13,7 +13,9 @@ An artifact is one folder (FORMAT_VERSION 2: w4a8 weights packed two to a byte; 
                            facts, source path + fingerprint, torch/transformers versions, device type,
                            load dtype, attention implementation, the dtypes of the buffers that are not
                            saved (RoPE's inv_freq), and per swapped layer its quant_linear class and
-                           constructor metadata (`QuantLinear.state()`)
+                           constructor metadata (`QuantLinear.state()`); sealed with the sha256 of every
+                           other file and a digest of itself (artifact_content.py), which
+                           `artifact_problem` verifies before an artifact is reused
 
 `load_artifact` builds the model skeleton from config.json with its parameters on the meta device
 (buffers that are not saved are computed from the config, as in from_pretrained, and cast to the dtype
@@ -42,6 +44,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import ModelLoadError, RecipeError
+from .artifact_content import content_problem, sealed, shape_problem
 
 FORMAT = "variantlab-artifact"
 FORMAT_VERSION = 2
@@ -153,6 +156,7 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
             "build": build,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        meta = sealed(meta, tmp, besides=META_FILE)   # every file is written: hash them and this description
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
         _replace_dir(tmp, out_dir)
     except BaseException:
@@ -298,8 +302,8 @@ def _compat_problem(meta: dict, path: Path, device_type: str | None, torch_versi
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         return f"{weights} is missing"
-    if weights.stat().st_size != meta.get("weights", {}).get("bytes_on_disk"):
-        return f"{weights} is {weights.stat().st_size} bytes, variant.json says {meta['weights'].get('bytes_on_disk')}"
+    if weights.stat().st_size != meta["weights"]["bytes_on_disk"]:
+        return f"{weights} is {weights.stat().st_size} bytes, variant.json says {meta['weights']['bytes_on_disk']}"
     if device_type is not None and meta.get("device_type") != device_type:
         return (f"built for {meta.get('device_type')}, this run is on {device_type} "
                 "(packed layouts and kernels are per device type)")
@@ -312,14 +316,18 @@ def _compat_problem(meta: dict, path: Path, device_type: str | None, torch_versi
 def artifact_problem(path: str | Path, recipe_name: str, options, source_model_path: str | Path,
                      device_type: str | None = None, *, attention: str | None = None,
                      attention_options: dict | None = None, calibration_sha256: str | None = None) -> str | None:
-    """None when the artifact at `path` is this variant, built from these weights, loadable here;
-    else why not. Torch-free: reads variant.json and stats files."""
+    """None when the artifact at `path` is this variant, built from these weights, loadable here, and
+    as it was built (its files and variant.json match the hashes sealed at build time); else why not.
+    Torch-free: reads variant.json, stats files, and last (when all else fits) hashes them."""
     from .registry import get_recipe
     path = Path(path)
     try:
         meta = read_variant_json(path)
     except ModelLoadError as e:
         return e.detail
+    problem = shape_problem(meta)
+    if problem:
+        return problem
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -345,14 +353,15 @@ def artifact_problem(path: str | Path, recipe_name: str, options, source_model_p
     fp = source_fingerprint(source)["sha256"]
     if meta.get("source", {}).get("fingerprint", {}).get("sha256") != fp:
         return f"built from other weights than {source}'s now (fingerprint changed: the checkpoint was rewritten)"
-    return None
+    return content_problem(meta, path, besides=META_FILE)
 
 
 # ---------------------------------------------------------------- loading
 
 def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None):
     """(model, tokenizer, facts) of the artifact at `path`, on `device`, in eval mode; no quantization runs.
-    `tokenizer`: one already loaded from `path` (else it is loaded here).
+    `tokenizer`: one already loaded from `path` (else it is loaded here). variant.json's shape is checked
+    here; its hashes are not (every measurement loads: `artifact_problem` verifies them once, before reuse).
 
     facts are the build's, with `weight_bytes` the size of model.safetensors on disk
     (extra: artifact_bytes_on_disk, state_bytes = the stored tensors' bytes, artifact_path; the build's
@@ -367,13 +376,15 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None):
     path = Path(path)
     meta = read_variant_json(path)
     dev = torch.device(device)
-    problem = _compat_problem(meta, path, dev.type, torch.__version__)
+    problem = shape_problem(meta) or _compat_problem(meta, path, dev.type, torch.__version__)
     if problem:
         raise ModelLoadError(f"cannot load artifact {path}: {problem}",
                              accepted="an artifact built here with `variantlab build` (rebuild it)")
     try:
-        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path, local_files_only=True)
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        # never the folder's own Python (trust_remote_code): left unset, transformers asks on a terminal
+        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # transformers raises many types; the user needs the one line
         raise ModelLoadError(f"cannot load artifact {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                              accepted="a folder written by `variantlab build`") from None

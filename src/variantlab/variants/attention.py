@@ -146,6 +146,8 @@ def parse_attention(text, *, file: str | None = None, field: str | None = None) 
         if s in ("gqa", "sliding"):
             raise bad(f"attention '{text}' needs its number: {s}:<{'kv_heads' if s == 'gqa' else 'window'}>")
         raise bad(f"unknown attention '{text}'")
+    if len(m.group(2)) > 9:   # int() of 5,000 digits raised ValueError; no model has a billion heads or positions
+        raise bad(f"attention '{m.group(1)}:{m.group(2)[:12]}…': the number has {len(m.group(2))} digits")
     kind, n = m.group(1), int(m.group(2))
     if n < 1:
         raise bad(f"attention '{text}': the number must be a positive integer")

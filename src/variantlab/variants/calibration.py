@@ -78,7 +78,7 @@ def _tokenizer(model):
     from transformers import AutoTokenizer
     path = getattr(model, "name_or_path", "") or ""
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers raises many types; the user needs one line
         raise RecipeError(f"mixed calibrates on text and needs the checkpoint's tokenizer, which was not given "
                           f"and cannot be loaded from '{path}' ({type(e).__name__})", field="recipe",

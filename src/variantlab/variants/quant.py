@@ -21,7 +21,7 @@ CPU layouts; aten/src/ATen/native/cpu/int4mm_kernel.cpp (kernel conventions).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -62,12 +62,16 @@ class QuantRecipe:
     def grouped(self) -> bool:
         return self.options_model is GroupQuantOptions
 
-    def unsupported_reason(self, device: str) -> str | None:
+    def device_reason(self, device: str) -> str | None:
+        """Why `device` cannot run this recipe, told from the device's name alone (no torch): planning asks it."""
         dev = device.split(":")[0]
         if self.cuda_only and dev != "cuda":
             return (f"unsupported on this hardware: {self.name} (2:4 semi-structured sparsity + int8) needs CUDA "
                     f"with cuSPARSELt (compute capability 8.0+); torch has no {dev} kernel for it")
-        return _kernel_probe(self.module, device, "bf16", 64 if self.grouped else 0)
+        return None
+
+    def unsupported_reason(self, device: str) -> str | None:
+        return self.device_reason(device) or _kernel_probe(self.module, device, "bf16", 64 if self.grouped else 0)
 
     def load_dtype(self, options):
         import torch
@@ -96,10 +100,13 @@ class QuantRecipe:
             model.set_submodule(name, new)
             swapped.append(new)
         del linear
+        split_tie = False
         if options.quantize_embeddings:
+            split_tie = _head_tied_to_embeddings(model)   # the head, kept, shares the table about to be swapped
             swapped.append(_quantize_embeddings(model, dtype, options.dequant))
         cast_parameters(model, dtype)  # everything not swapped: embeddings, norms, kept linears
-        return _facts(self, model, options, parameters, swapped, kept, tied_head)
+        facts = _facts(self, model, options, parameters, swapped, kept, tied_head)
+        return _with_split_tie_note(facts, model, options) if split_tie else facts
 
 
 def _quantize_embeddings(model, dtype, path: str):
@@ -180,6 +187,32 @@ def _check_int_mm_shapes(targets, recipe: str) -> None:
         n, (k, m) = bad[0]
         raise UnsupportedOnHardware(f"{recipe} on cuda: torch._int_mm needs in/out features divisible by 8; "
                                     f"layer '{n}' is {k}→{m}")
+
+
+def _head_tied_to_embeddings(model) -> bool:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return (getattr(head, "weight", None) is not None and getattr(emb, "weight", None) is not None
+            and head.weight.data_ptr() == emb.weight.data_ptr())
+
+
+def _with_split_tie_note(facts: VariantFacts, model, options) -> VariantFacts:
+    """quantize_embeddings on a model whose LM head is tied to its embeddings (and kept): the head keeps
+    the compute-dtype table and the int8 table comes beside it, so the variant is larger than the same
+    recipe with the tie kept. Say so, with the sizes."""
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    head_bytes = head.weight.numel() * head.weight.element_size()
+    emb_bytes = sum(t.numel() * t.element_size() for t in emb.state_dict().values())
+    tied_bytes = facts.weight_bytes - emb_bytes   # the head's table serving both again
+    note = (f"quantize_embeddings split the LM head's tie to the input embeddings: the head keeps its own "
+            f"{options.compute_dtype} copy ({_mib(head_bytes)}) beside the int8 table ({_mib(emb_bytes)}), so the "
+            f"weights take {_mib(facts.weight_bytes)} against {_mib(tied_bytes)} with the tie kept "
+            f"(quantize_embeddings: false)")
+    return replace(facts, notes=facts.notes + (note,), extra={**facts.extra, "weight_bytes_with_tie_kept": tied_bytes})
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
 
 
 def _tied_head_quantized(model, targets) -> bool:

@@ -15,27 +15,29 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ...backends.base import GenerationRequest, run_requests
 from .. import metrics as m
 from ..tracker import MetricDef
+from ...sizes import MAX_REQUESTS, MAX_TOKENS, MAX_WARMUP
 from .common import PassOutput, Scenario, ScenarioOutput, labelled, warm_up
 
 
 class LengthSweepSpec(BaseModel):
     """Prefill time and per-token decode time at given prompt lengths (one request at a time)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)   # bounds: variantlab/sizes.py
 
     type: Literal["length-sweep"]
     name: str | None = Field(None, description="row label and key (default: the type)")
-    lengths: list[int] = Field(default_factory=lambda: [128, 512, 2048], min_length=1,
-                               description="prompt lengths in tokens")
-    decode_tokens: int = Field(16, ge=2, description="tokens decoded after each prompt (stop rules off)")
-    repeats: int = Field(3, ge=1, description="requests per length (per round)")
-    warmup: int = Field(1, ge=0, description="full unmeasured requests at the shortest length")
+    lengths: list[int] = Field(default_factory=lambda: [128, 512, 2048], min_length=1, max_length=64,
+                               description=f"prompt lengths in tokens, 1 to {MAX_TOKENS}")
+    decode_tokens: int = Field(16, ge=2, le=MAX_TOKENS, description="tokens decoded after each prompt (stop rules "
+                                                                    "off)")
+    repeats: int = Field(3, ge=1, le=MAX_REQUESTS, description="requests per length (per round)")
+    warmup: int = Field(1, ge=0, le=MAX_WARMUP, description="full unmeasured requests at the shortest length")
 
     @field_validator("lengths")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
-        if any(n < 1 for n in v):
-            raise ValueError("every length must be at least 1 token")
+        if any(not 1 <= n <= MAX_TOKENS for n in v):
+            raise ValueError(f"every length must be 1 to {MAX_TOKENS} tokens (sizes.py: MAX_TOKENS)")
         return sorted(set(v))
 
     def context_lengths(self) -> list[int]:

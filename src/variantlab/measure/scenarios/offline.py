@@ -16,21 +16,24 @@ from ...backends.base import run_requests
 from .. import metrics as m
 from ..stats import mean
 from ..tracker import MetricDef
+from ...sizes import MAX_BATCH, MAX_DURATION_S, MAX_PASSES, MAX_WARMUP
 from .common import PassOutput, Scenario, ScenarioOutput, labelled, pass_rate, requests_for, shapes_text, warm_up
 
 
 class OfflineSpec(BaseModel):
     """The whole dataset in batches: single-task latency and throughput."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)   # bounds: variantlab/sizes.py
 
     type: Literal["offline"]
     name: str | None = Field(None, description="row label and key (default: the type)")
-    batch_size: int = Field(16, ge=1)
-    passes: int = Field(3, ge=1, description="minimum number of timed passes over the dataset (per round)")
-    min_duration_s: float = Field(0.0, ge=0, description="keep passing until this much time has passed")
-    warmup: int = Field(1, ge=0, description="full batches run first and not measured (after one short run "
-                                             "of each batch shape)")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH)
+    passes: int = Field(3, ge=1, le=MAX_PASSES, description="minimum number of timed passes over the dataset "
+                                                            "(per round)")
+    min_duration_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="keep passing until this much time "
+                                                                            "has passed")
+    warmup: int = Field(1, ge=0, le=MAX_WARMUP, description="full batches run first and not measured (after one "
+                                                            "short run of each batch shape)")
 
     def context_lengths(self) -> list[int]:
         return []

@@ -33,7 +33,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -42,6 +42,7 @@ from .. import metrics as m
 from ..records import RequestRecord
 from ..stats import mean, quantile
 from ..tracker import MetricDef
+from ...sizes import MAX_BATCH, MAX_DURATION_S
 from .common import PassOutput, Scenario, ScenarioOutput, requests_for
 
 KEEP_UP = 0.9     # without SLOs, a phase holds when it completes this share of the offered rate
@@ -50,22 +51,23 @@ KEEP_UP = 0.9     # without SLOs, a phase holds when it completes this share of 
 class ServerSpec(BaseModel):
     """Requests arriving at a rate (or a sweep of rates, or a fixed concurrency) against a server."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)   # bounds: variantlab/sizes.py
 
     type: Literal["server"]
     name: str | None = Field(None, description="row label and key (default: the type)")
     rate: float | None = Field(None, gt=0, le=100_000, description="requests per second")
-    rates: list[float] | None = Field(None, min_length=1, max_length=32, description="a sweep: one phase per rate")
+    rates: list[Annotated[float, Field(gt=0, le=100_000)]] | None = Field(
+        None, min_length=1, max_length=32, description="a sweep: one phase per rate (each as `rate`)")
     concurrency: int | None = Field(None, ge=1, le=4096, description="keep this many requests in flight instead")
     arrivals: Literal["poisson", "gamma", "constant"] = "poisson"
     burstiness: float = Field(1.0, gt=0, le=100, description="gamma: the shape (1 = Poisson, < 1 burstier)")
-    duration_s: float = Field(10.0, gt=0, le=86_400, description="seconds of recorded arrivals per phase")
+    duration_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description="seconds of recorded arrivals per phase")
     warmup_s: float = Field(1.0, ge=0, le=3600, description="seconds of unrecorded arrivals before each phase")
     drain_s: float = Field(30.0, ge=0, le=3600, description="how long to wait for requests still running")
     policy: Literal["single", "static", "adaptive"] = Field("adaptive", description="a local variant's batch "
                                                             "policy (an endpoint batches as it does)")
-    max_batch: int = Field(32, ge=1, le=1024)
-    batch_size: int = Field(8, ge=1, le=1024, description="static: the batch it waits for")
+    max_batch: int = Field(32, ge=1, le=MAX_BATCH)
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="static: the batch it waits for")
     max_wait_ms: float = Field(20.0, ge=0, le=60_000, description="static: the longest wait for a batch")
     max_queue: int = Field(1024, ge=1, le=1_000_000, description="a local server's queue bound (then 429)")
     attainment: float = Field(0.95, gt=0, le=1, description="share of requests that must meet every SLO")

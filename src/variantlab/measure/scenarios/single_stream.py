@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...backends.base import run_requests
 from ..tracker import MetricDef
+from ...sizes import MAX_DURATION_S, MAX_REQUESTS, MAX_WARMUP
 from .common import (PassOutput, Scenario, ScenarioOutput, bandwidth_rows, decode_bytes, labelled, latency_rows,
                      requests_for, shapes_text, warm_up)
 
@@ -20,15 +21,16 @@ from .common import (PassOutput, Scenario, ScenarioOutput, bandwidth_rows, decod
 class SingleStreamSpec(BaseModel):
     """One request at a time: per-request latency (E2EL, TTFT, TPOT, ITL)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)   # bounds: variantlab/sizes.py
 
     type: Literal["single-stream"]
     name: str | None = Field(None, description="row label and key (default: the type); needed when a suite "
                                                "has two scenarios of one type")
-    requests: int = Field(16, ge=1, description="minimum number of measured requests (per round)")
-    min_duration_s: float = Field(0.0, ge=0, description="keep sending until this much time has passed")
-    warmup: int = Field(2, ge=0, description="full requests sent first and not measured (after one short "
-                                             "request per prompt length)")
+    requests: int = Field(16, ge=1, le=MAX_REQUESTS, description="minimum number of measured requests (per round)")
+    min_duration_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="keep sending until this much time "
+                                                                            "has passed")
+    warmup: int = Field(2, ge=0, le=MAX_WARMUP, description="full requests sent first and not measured (after one "
+                                                            "short request per prompt length)")
 
     def context_lengths(self) -> list[int]:
         return []
