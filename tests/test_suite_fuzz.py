@@ -169,7 +169,7 @@ def as_yaml(doc) -> str:
 def text_mutations(draw) -> str:
     """Breaks only YAML text can hold: duplicate keys, anchors and aliases, deep flow nesting, cut text."""
     text = as_yaml(draw(valid_suites()))
-    how = draw(st.sampled_from(["duplicate", "alias", "laughs", "deep", "cut", "tag", "top"]))
+    how = draw(st.sampled_from(["duplicate", "alias", "cycle", "laughs", "deep", "cut", "tag", "top"]))
     if how == "duplicate":
         lines = text.splitlines()
         i = draw(st.integers(0, len(lines) - 1))
@@ -177,6 +177,10 @@ def text_mutations(draw) -> str:
     if how == "alias":
         return text.replace("variants:\n", "variants:\n- {name: zz-anchored, recipe: int8, options: &o {compute_dtype: "
                             "fp16}}\n- {name: zz-alias, recipe: int4, options: *o}\n", 1)
+    if how == "cycle":    # an alias inside its own anchor: a structure that contains itself
+        where = draw(st.sampled_from(["- name: ", "workload:\n"]))
+        cyclic = "- options: &c {a: [*c]}\n  name: " if where == "- name: " else "workload: &w\n  w: *w\n"
+        return text.replace(where, cyclic, 1)
     if how == "laughs":   # aliases share one object: small in memory, 9**9 leaves when expanded
         anchors = ["&l0 [a, a, a, a, a, a, a, a, a]"]
         anchors += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
@@ -237,9 +241,10 @@ def folder(tmp_path_factory):
 
 
 def fuzz_settings(n: int):
-    return settings(max_examples=n, deadline=None, derandomize=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                           HealthCheck.data_too_large, HealthCheck.large_base_example])
+    """n cases, no per-case deadline (a 700-deep YAML document takes ~0.1 s on a busy 2-core machine)."""
+    return settings(max_examples=n, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.large_base_example])
 
 
 @fuzz_settings(FAST_EXAMPLES)

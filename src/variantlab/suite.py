@@ -476,16 +476,11 @@ def _range_at(loc: tuple) -> str | None:
              for m in f.metadata for k in ("ge", "gt", "le", "lt") if (v := getattr(m, k, None)) is not None}
     if not bound:
         return None
-    low = f"from {bound['ge']}" if "ge" in bound else f"above {bound['gt']}" if "gt" in bound else None
-    high = f"to {bound['le']}" if "le" in bound else f"below {bound['lt']}" if "lt" in bound else None
-    if low and high and "gt" in bound:
-        high = "and at most " + high.removeprefix("to ")
-    if low is None:
-        low, high = (f"at most {bound['le']}" if "le" in bound else high), None
-    elif high is None and "ge" in bound:
-        low = f"at least {bound['ge']}"
     what = "an integer" if int in (f.annotation, *typing.get_args(f.annotation)) else "a finite number"
-    return " ".join(p for p in (what, low, high) if p)
+    if "ge" in bound and "le" in bound:
+        return f"{what} from {bound['ge']} to {bound['le']}"
+    words = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
+    return f"{what} " + " and ".join(f"{words[k]} {bound[k]}" for k in words if k in bound)
 
 
 def _accepted_for(loc: tuple) -> str | None:

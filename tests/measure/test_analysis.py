@@ -291,3 +291,19 @@ def test_a_perplexity_that_overflows_is_a_problem_not_a_crash():
     assert "OverflowError" in c.row("scoring.ppl").cells["fast"].problem
     assert "not finite" in c.row("scoring.ppl_ratio").cells["fast"].problem
     json.dumps(c.to_json(), allow_nan=False)
+
+
+def test_a_scenario_that_failed_in_a_round_is_warned_and_the_rounds_other_rows_stay():
+    """The worker records a scenario that raised as that tracker's error (issue 13: the variant's other
+    finished scenarios must not be lost with it): its row says why, the others keep their value."""
+    recs = [record("base", 0, once=True), record("fast", 0, once=True)]
+    rec, blobs = recs[1]
+    outputs = tuple(TrackerResult(kind=o.kind, name=o.name, data={}, error="IndexError: index out of range")
+                    if o.name == "offline" else o for o in rec.outputs)
+    recs[1] = (rec.model_copy(update={"outputs": outputs}), blobs)
+    c = run(recs, names=("base", "fast"))
+    assert c.status == {"base": "ok", "fast": "ok"}
+    assert "fast: offline failed: IndexError: index out of range (round 1)" in c.warnings
+    assert c.row("single-stream.ttft_p50").cells["fast"].value is not None
+    cell = c.row("offline.output_throughput").cells["fast"]
+    assert cell.value is None and "offline failed: IndexError" in cell.problem

@@ -55,6 +55,7 @@ class Plan:
     trackers: tuple
     rounds: int
     warnings: tuple[str, ...] = ()           # said before measuring: the JSONL lines --skip-bad-lines skipped
+    skip_bad_lines: bool = False             # how its datasets were read (a resumed run reads them alike)
 
     @property
     def baseline(self) -> str:
@@ -78,12 +79,15 @@ class Plan:
         return dataclasses.replace(self, rounds=rounds)
 
     def to_json(self) -> dict:
-        return {"baseline": self.baseline, "rounds": self.rounds,
-                "variants": [v.definition.to_json() | {"source": str(v.source)}
-                             | ({"resolved": v.resolved} if v.resolved else {}) for v in self.variants],
-                "order": [self.order(r) for r in range(self.rounds)],
-                "trackers": [{"kind": t.kind, "config": t.config()} for t in self.trackers],
-                "samples": len(self.samples), "samples_sha256": samples_digest(self.samples)}
+        out = {"baseline": self.baseline, "rounds": self.rounds,
+               "variants": [v.definition.to_json() | {"source": str(v.source)}
+                            | ({"resolved": v.resolved} if v.resolved else {}) for v in self.variants],
+               "order": [self.order(r) for r in range(self.rounds)],
+               "trackers": [{"kind": t.kind, "config": t.config()} for t in self.trackers],
+               "samples": len(self.samples), "samples_sha256": samples_digest(self.samples)}
+        if self.skip_bad_lines:
+            out["skip_bad_lines"] = True
+        return out
 
 
 def samples_digest(samples) -> str:
@@ -283,7 +287,7 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
     calibration, calibration_warnings = _calibration(suite, base_dir, samples, skip_bad_lines)
     texts = tuple(s["prompt"] + " " + s["answer"] for s in calibration[:CALIBRATION_LIMIT])
     return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(standard_trackers(suite, len(samples))),
-                suite.rounds, warnings + calibration_warnings)
+                suite.rounds, warnings + calibration_warnings, skip_bad_lines)
 
 
 def plan_suite_file(suite_path: str | Path, skip_bad_lines: bool = False) -> Plan:

@@ -204,7 +204,8 @@ def replan(row, store_file: Path) -> Plan:
     from .plan import make_plan
     suite_path = row.suite_path or "<stored suite>"
     base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
-    plan = make_plan(parse_suite(row.suite, suite_path), suite_path, base_dir).with_rounds(int(row.plan["rounds"]))
+    plan = make_plan(parse_suite(row.suite, suite_path), suite_path, base_dir,
+                     bool(row.plan.get("skip_bad_lines"))).with_rounds(int(row.plan["rounds"]))
     now = plan.to_json()
     changed = [k for k in sorted(set(now) | set(row.plan)) if now.get(k) != row.plan.get(k)]
     if changed:
