@@ -53,6 +53,7 @@ def main() -> None:
     start_s = time.perf_counter() - t
     jobs = len(VARIANTS) * (1 + args.rounds)
     walls: dict[str, list[float]] = {"local": [], "ray": []}
+    colds: dict[str, list[float]] = {"local": [], "ray": []}
     with tempfile.TemporaryDirectory() as tmp:
         suite = suite_file(Path(tmp), args.rounds)
         for i in range(args.pairs):
@@ -62,12 +63,16 @@ def main() -> None:
                 result = variantlab.bench(suite, executor=executor)
                 walls[name].append(time.perf_counter() - t)
                 bad = {n: s for n, s in result.comparison.status.items() if s != "ok"}
-                print(f"pair {i + 1} {name:5s}: {walls[name][-1]:6.1f} s  ({jobs} jobs{'; not ok: ' + str(bad) if bad else ''})",
-                      flush=True)
+                cold = [c.value for c in result.comparison.row("cold_start.total").cells.values() if c]
+                colds[name] += cold
+                print(f"pair {i + 1} {name:5s}: {walls[name][-1]:6.1f} s  ({jobs} jobs; mean cold start "
+                      f"{statistics.mean(cold):.2f} s{'; not ok: ' + str(bad) if bad else ''})", flush=True)
     ray.shutdown()
     local, on_ray = statistics.mean(walls["local"]), statistics.mean(walls["ray"])
     print(f"\n6-variant sweep, {args.rounds} round(s), {jobs} jobs a sweep, {args.pairs} pairs interleaved:")
     print(f"  local {local:.1f} s   ray {on_ray:.1f} s   ray/local {on_ray / local:.3f}")
+    print(f"  a worker's cold start (process start -> first token), mean: local "
+          f"{statistics.mean(colds['local']):.2f} s, ray {statistics.mean(colds['ray']):.2f} s")
     print(f"  ray adds {on_ray - local:+.1f} s a sweep ({(on_ray - local) / jobs * 1000:+.0f} ms a job), plus "
           f"{start_s:.1f} s to start a local cluster once per bench")
 
