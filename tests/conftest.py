@@ -158,3 +158,18 @@ def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+def nan_model_copy(source: Path, folder: Path) -> Path:
+    """A copy of the model in `source` whose LM head has one row of NaN: every position's logits hold a NaN."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    for f in Path(source).iterdir():
+        shutil.copy(f, folder / f.name)
+    state = load_file(folder / "model.safetensors")
+    key = "lm_head.weight" if "lm_head.weight" in state else "model.embed_tokens.weight"
+    state[key] = state[key].clone()
+    state[key][5] = float("nan")
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder

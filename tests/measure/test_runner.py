@@ -18,6 +18,8 @@ import variantlab
 from variantlab.models.loading import BUILTIN_MODELS
 from variantlab.store import Store
 
+from conftest import nan_model_copy
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TINY_WORKLOAD = {
@@ -189,17 +191,7 @@ def test_compiled_variant_reports_compile_time_apart(tmp_path):
 @pytest.fixture(scope="module")
 def nan_model_dir(tmp_path_factory) -> Path:
     """The reference model whose LM head has one row of NaN: every position's logits hold a NaN."""
-    from safetensors.torch import load_file, save_file
-
-    d = tmp_path_factory.mktemp("nan")
-    for f in BUILTIN_MODELS["tiny-structured"].iterdir():
-        shutil.copy(f, d / f.name)
-    state = load_file(d / "model.safetensors")
-    key = "lm_head.weight" if "lm_head.weight" in state else "model.embed_tokens.weight"
-    state[key] = state[key].clone()
-    state[key][5] = float("nan")
-    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
-    return d
+    return nan_model_copy(BUILTIN_MODELS["tiny-structured"], tmp_path_factory.mktemp("nan"))
 
 
 def test_nan_logits_fail_the_variant_with_the_reason_and_the_run_stays_readable(tmp_path, nan_model_dir):

@@ -14,6 +14,8 @@ from variantlab.measure.wire import BuildJob, MeasureJob, TrackerJob, decode_res
 from variantlab.measure.worker import failure_reason, run_job
 from variantlab.variants.build import VariantDefinition
 
+from conftest import nan_model_copy
+
 pytestmark = pytest.mark.model
 
 SAMPLES = tuple({"id": str(i), "prompt": f"a: {i}\nQ: What is the a?\nA:", "answer": str(i)} for i in range(4))
@@ -142,17 +144,7 @@ def test_a_scenario_that_raises_keeps_the_rounds_other_trackers(artifact, monkey
 @pytest.fixture(scope="module")
 def nan_artifact(tiny_model_dir, tmp_path_factory):
     """An fp32 artifact of the tiny model whose LM head has one row of NaN: every position's logits hold a NaN."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-    src = tmp_path_factory.mktemp("nan-model")
-    for f in tiny_model_dir.iterdir():
-        shutil.copy(f, src / f.name)
-    state = load_file(src / "model.safetensors")
-    key = "lm_head.weight" if "lm_head.weight" in state else "model.embed_tokens.weight"
-    state[key] = state[key].clone()
-    state[key][5] = float("nan")
-    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    src = nan_model_copy(tiny_model_dir, tmp_path_factory.mktemp("nan-model"))
     out = tmp_path_factory.mktemp("nan-artifact") / "fp32"
     record, _ = run_job(BuildJob(variant=VariantDefinition("fp32", "fp32").to_json(), source=str(src),
                                  artifact_dir=str(out), device="cpu", threads=1, seed=0))
