@@ -251,6 +251,8 @@ class Suite(_Frozen):
     max_memory: str | None = Field(None, description="resident memory a measurement's worker may hold (the "
                                                          "worker and what it starts), e.g. 4GiB or 512MiB; past it "
                                                          "the measurement is ended and recorded as failed")
+    trust_remote_code: bool = Field(False, description="let a checkpoint's own Python (config.json auto_map) run "
+                                                        "when it loads; off: such a checkpoint is refused at planning")
     explain: bool = Field(False, description="after the run, profile the baseline and every variant slower than it "
                                              "beyond its interval, and add why to the report (`variantlab explain`)")
 

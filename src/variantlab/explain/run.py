@@ -65,7 +65,8 @@ class Target:
 
 def profile_variants(targets: tuple[Target, Target], tracker, samples, *, device: str, threads: int, seed: int,
                      rounds: int, workdir: Path, timeout_s: float, executor=None,
-                     on_job: Callable[[str], None] = lambda label: None) -> dict[str, list]:
+                     on_job: Callable[[str], None] = lambda label: None,
+                     trust_remote_code: bool = False) -> dict[str, list]:
     """name → its ProfileOutputs, one per round that succeeded; A B, then B A, round by round.
     Raises ExplainFailed when every round of a variant failed."""
     from ..measure.executor import LocalProcessExecutor
@@ -78,7 +79,8 @@ def profile_variants(targets: tuple[Target, Target], tracker, samples, *, device
         for t in (targets if r % 2 == 0 else targets[::-1]):
             job = MeasureJob(variant=t.definition, artifact_dir=t.artifact_dir, round=r, device=device,
                              threads=threads, seed=seed, samples=tuple(samples),
-                             trackers=(TrackerJob(kind=tracker.kind, config=tracker.config()),), run_once=False)
+                             trackers=(TrackerJob(kind=tracker.kind, config=tracker.config()),), run_once=False,
+                             trust_remote_code=trust_remote_code)
             on_job(f"profiling {t.name} · round {r + 1}/{rounds}")
             record, _ = executor.run(job, workdir / f"{t.name}-r{r + 1}", timeout_s)
             result = next((o for o in record.outputs if o.name == tracker.name), None) if record.status == "ok" else None
@@ -301,7 +303,8 @@ def explain_pair(targets: tuple[Target, Target], suite, samples, *, threads: int
     explanation.{json,md} into `folder` (the workers' files under folder/jobs). Raises ExplainFailed."""
     profiles = profile_variants(targets, profile_tracker(suite, len(samples)), samples, device=suite.device,
                                 threads=threads, seed=suite.seed, rounds=rounds, workdir=folder / "jobs",
-                                timeout_s=suite.timeout_s, executor=executor, on_job=on_job)
+                                timeout_s=suite.timeout_s, executor=executor, on_job=on_job,
+                                trust_remote_code=suite.trust_remote_code)
     explanation = explain_profiles(targets[0].name, targets[1].name, profiles, run_id=run_id, comparison=comparison)
     write_explanation(explanation, folder)
     return explanation

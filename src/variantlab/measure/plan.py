@@ -236,7 +236,8 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
     if v.model is not None:
         try:
             path = resolve_model_path(v.model, base_dir, file=suite_path, field=f"{field}.model")
-            info = check_model_dir(path, file=suite_path, field=f"{field}.model")
+            info = check_model_dir(path, file=suite_path, field=f"{field}.model",
+                                   trust_remote_code=suite.trust_remote_code)
         except VariantlabError as e:
             problems.append(e)
             info = None
@@ -276,7 +277,7 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
     base = None
     if suite.model is not None:
         base_model = resolve_model_path(suite.model, base_dir, file=suite_path, field="model")
-        base = check_model_dir(base_model, file=suite_path, field="model")
+        base = check_model_dir(base_model, file=suite_path, field="model", trust_remote_code=suite.trust_remote_code)
     samples, warnings = load_dataset(suite.workload.dataset, base_dir, skip_bad_lines=skip_bad_lines)
     problems: list[VariantlabError] = []
     planned = [_plan_variant(suite, i, base, samples, suite_path, base_dir, problems)

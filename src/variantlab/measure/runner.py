@@ -308,7 +308,7 @@ class _Run:
         return MeasureJob(variant=plan.variant(name).definition.to_json(), artifact_dir=build.artifact_dir, round=r,
                           device=suite.device, threads=self.threads, seed=suite.seed, samples=plan.samples,
                           trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in plan.trackers),
-                          run_once=run_once)
+                          run_once=run_once, trust_remote_code=suite.trust_remote_code)
 
     def _report(self, t0: float, builds: dict, comparison: Comparison) -> BenchResult:
         plan, suite, out = self.plan, self.plan.suite, self.out
@@ -381,7 +381,8 @@ def mismatch(plan: Plan, v: PlannedVariant, artifact: Path) -> str | None:
     d = v.definition
     return artifact_problem(artifact, d.recipe, d.options, v.source, _device_type(plan.suite.device),
                             attention=d.attention, attention_options=d.attention_options,
-                            calibration_sha256=calibration_digest(plan.calibration_texts))
+                            calibration_sha256=calibration_digest(plan.calibration_texts),
+                            trust_remote_code=plan.suite.trust_remote_code)
 
 
 def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Executor,
@@ -428,7 +429,7 @@ def endpoint_record(v: PlannedVariant) -> BuildRecord:
 def _build_job(plan: Plan, v: PlannedVariant, artifact_dir: Path, threads: int) -> BuildJob:
     return BuildJob(variant=v.definition.to_json(), source=str(v.source), artifact_dir=str(artifact_dir.resolve()),
                     device=plan.suite.device, threads=threads, seed=plan.suite.seed,
-                    calibration_texts=plan.calibration_texts)
+                    calibration_texts=plan.calibration_texts, trust_remote_code=plan.suite.trust_remote_code)
 
 
 def _device_type(device: str) -> str:

@@ -49,6 +49,7 @@ class BuildJob(_Wire):
     threads: int
     seed: int
     calibration_texts: tuple[str, ...] = ()
+    trust_remote_code: bool = False         # the suite's switch: may the checkpoint's own Python run
 
 
 class MeasureJob(_Wire):
@@ -63,6 +64,7 @@ class MeasureJob(_Wire):
     samples: tuple[dict[str, Any], ...]
     trackers: tuple[TrackerJob, ...]
     run_once: bool                          # host the once-per-variant trackers (its first good round)
+    trust_remote_code: bool = False
 
 
 Job = Union[BuildJob, MeasureJob]

@@ -92,7 +92,7 @@ def setup(device: str, threads: int, seed: int) -> str:
     return device
 
 
-def import_stage(artifact_dir: str) -> None:
+def import_stage(artifact_dir: str, trust_remote_code: bool = False) -> None:
     """Import everything loading and running this variant needs, so that "load" is the weights alone:
     torch, transformers, the model's class (transformers imports it lazily), the tokenizer's class,
     safetensors, and variantlab's recipes, kernels, engine and trackers."""
@@ -105,7 +105,7 @@ def import_stage(artifact_dir: str) -> None:
     from ..variants import build, quant_linear, registry  # noqa: F401
     from . import trackers  # noqa: F401
 
-    config = AutoConfig.from_pretrained(artifact_dir, local_files_only=True, trust_remote_code=False)
+    config = AutoConfig.from_pretrained(artifact_dir, local_files_only=True, trust_remote_code=trust_remote_code)
     try:
         AutoModelForCausalLM._model_mapping[type(config)]
     except KeyError:   # not an auto-mapped architecture: loading says what is wrong, with the file named
@@ -147,7 +147,7 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
     t_start = process_start_time()
     name = job.variant["name"]
     try:
-        import_stage(job.artifact_dir)
+        import_stage(job.artifact_dir, job.trust_remote_code)
         import torch
         from transformers import AutoTokenizer
 
@@ -162,10 +162,11 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         t_imported = process_clock()
         baseline = current_bytes(device)
 
-        tokenizer = AutoTokenizer.from_pretrained(job.artifact_dir, local_files_only=True, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(job.artifact_dir, local_files_only=True,
+                                                  trust_remote_code=job.trust_remote_code)
         tokenizer_id = _tokenizer_id(job.artifact_dir)
         t_tokenizer = process_clock()
-        built = variants.load(job.artifact_dir, device, tokenizer=tokenizer)
+        built = variants.load(job.artifact_dir, device, tokenizer=tokenizer, trust_remote_code=job.trust_remote_code)
         t_loaded = process_clock()
         engine = TorchEngine(built.model, built.tokenizer, device, tokenizer_id=tokenizer_id)
         t_compiled = t_loaded     # without compile, setting up the engine counts toward the first token
@@ -276,7 +277,7 @@ def run_build(job: BuildJob) -> tuple[BuildRecord, dict[str, bytes]]:
         device = setup(job.device, job.threads, job.seed)
         progress("loading", 0.1)
         built = variants.build(job.source, variants.VariantDefinition.from_json(job.variant), device,
-                               calibration_texts=job.calibration_texts)
+                               calibration_texts=job.calibration_texts, trust_remote_code=job.trust_remote_code)
         progress("saving", 0.7)
         meta = variants.save(built, job.source, job.artifact_dir)
         progress("saved", 1.0)

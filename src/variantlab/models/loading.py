@@ -51,7 +51,8 @@ def resolve_model_path(spec: str, base_dir: Path | None = None, *, file: str | N
     return p
 
 
-def check_model_dir(path: Path, *, file: str | None = None, field: str = "model") -> ModelDirInfo:
+def check_model_dir(path: Path, *, file: str | None = None, field: str = "model",
+                    trust_remote_code: bool = False) -> ModelDirInfo:
     """Validate a checkpoint directory cheaply; raise ModelLoadError naming what is wrong."""
     try:
         path.stat()
@@ -83,7 +84,8 @@ def check_model_dir(path: Path, *, file: str | None = None, field: str = "model"
         raise ModelLoadError(
             f"{path} is not a causal LM (config.json architectures: {archs or 'none'})",
             file=file, field=field, accepted="a directory whose config.json names a *ForCausalLM architecture")
-    checks.check_no_remote_code(path, cfg, file=file, field=field)
+    if not trust_remote_code:
+        checks.check_no_remote_code(path, cfg, file=file, field=field)
     weights = tuple(sorted(path.glob("*.safetensors")))
     if not weights:
         checks.check_no_pickle_only(path, file=file, field=field)
@@ -139,20 +141,25 @@ def tokenizer_fingerprint(path: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def load_causal_lm(path: Path, dtype, device: str):
-    """Load (model, tokenizer) from a local directory, eval mode, on `device`, in `dtype`."""
+def load_causal_lm(path: Path, dtype, device: str, *, trust_remote_code: bool = False):
+    """Load (model, tokenizer) from a local directory, eval mode, on `device`, in `dtype`.
+    `trust_remote_code`: the suite's switch; only then may the directory's own Python (auto_map) run."""
     import torch  # noqa: F401  (heavy imports stay out of the CLI's start-up path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        # safetensors only (a pickle is never opened) and transformers' own code only (never the checkpoint's)
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        # safetensors only (a pickle is never opened); transformers' own code only unless the suite says so
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, use_safetensors=True,
-                                                     trust_remote_code=False)
+                                                     trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types; the user needs the one line
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "ignore_mismatched_sizes" in why:
             why = "the weights' shapes do not match what config.json asks for"
+        if "custom code" in why and not trust_remote_code:
+            raise ModelLoadError(f"cannot load {path}: it carries its own Python (config.json auto_map), which runs "
+                                 "only when the suite turns it on", field="trust_remote_code",
+                                 accepted="trust_remote_code: true, for a checkpoint whose code you trust") from None
         raise ModelLoadError(f"cannot load {path}: {why}", field="model", accepted=ACCEPTED) from None
     model.to(device).eval()
     if tok.pad_token_id is None:

@@ -149,7 +149,7 @@ def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> Ser
     names = served_names(plan, options)
     floor = has_accuracy_floor(plan)
     engines = build_engines([plan.variant(n) for n in dict.fromkeys([*names, *([plan.baseline] if floor else [])])],
-                            plan.calibration_texts, options.device, log)
+                            plan.calibration_texts, options.device, log, plan.suite.trust_remote_code)
     accuracy = accuracy_floor(plan, engines, options.accuracy_samples)
     allowed = _allowed(names, accuracy, log)
     slo = options.tpot_slo_s if options.tpot_slo_s is not None else tpot_slo(plan.suite)
@@ -181,13 +181,15 @@ def has_accuracy_floor(plan) -> bool:
     return req.min_accuracy_retention is not None or req.min_task_accuracy is not None
 
 
-def build_engines(planned, calibration_texts, device: str, log=print) -> dict:
-    """name → TorchEngine, each variant built by the library call (`variants.build`) on `device`."""
+def build_engines(planned, calibration_texts, device: str, log=print, trust_remote_code: bool = False) -> dict:
+    """name → TorchEngine, each variant built by the library call (`variants.build`) on `device`;
+    `trust_remote_code`: the suite's switch."""
     from ..backends.torch_engine import TorchEngine
     from ..variants import build as variants
     engines = {}
     for pv in planned:
-        built = variants.build(str(pv.source), pv.definition, device, calibration_texts=calibration_texts)
+        built = variants.build(str(pv.source), pv.definition, device, calibration_texts=calibration_texts,
+                               trust_remote_code=trust_remote_code)
         engines[pv.name] = TorchEngine(built.model, built.tokenizer, device)
         log(f"built {pv.name}: {built.facts.recipe}, {', '.join(built.facts.kernels[:2])}")
     return engines
@@ -267,7 +269,7 @@ def _build_routed(plan, options: ServeOptions, log=print) -> ServerHandle:
     accuracy = {}
     if has_accuracy_floor(plan):
         graded = build_engines([plan.variant(n) for n in dict.fromkeys([*names, plan.baseline])],
-                               plan.calibration_texts, devices[0], log)
+                               plan.calibration_texts, devices[0], log, plan.suite.trust_remote_code)
         accuracy = accuracy_floor(plan, graded, options.accuracy_samples)
         del graded                          # the workers build their own; none stays in this process
         gc.collect()
@@ -284,9 +286,10 @@ def _build_routed(plan, options: ServeOptions, log=print) -> ServerHandle:
                                   accepted=", ".join(allowed))
         worker_options = dataclasses.replace(options, device=device, threads=threads[i], workers=1, devices=(),
                                              worker_variants=(), variants=tuple(held))
-        specs.append(WorkerSpec(i, tuple(plan.variant(n) for n in held), plan.calibration_texts, worker_options, slo))
+        specs.append(WorkerSpec(i, tuple(plan.variant(n) for n in held), plan.calibration_texts, worker_options, slo,
+                                plan.suite.trust_remote_code))
     router = Router(specs, max_queue=options.max_queue, log=log).start()
-    text = tokenizer_text(plan.variant(allowed[0]).source)
+    text = tokenizer_text(plan.variant(allowed[0]).source, plan.suite.trust_remote_code)
     info = {"tpot_slo_s": slo, "accuracy_floor": accuracy,
             "workers": [{"worker": s.index, "device": s.options.device, "threads": s.options.threads,
                          "variants": list(s.options.variants)} for s in specs]}

@@ -44,6 +44,7 @@ class WorkerSpec:
     calibration_texts: tuple[str, ...]
     options: Any                          # server.ServeOptions for this worker (workers=1, its device/threads)
     tpot_slo_s: float | None = None
+    trust_remote_code: bool = False       # the suite's switch: may a checkpoint's own Python run
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def _build(spec: WorkerSpec, log: Callable[[str], None]) -> dict:
     from .server import build_engines
     if spec.options.threads:
         torch.set_num_threads(spec.options.threads)
-    return build_engines(spec.variants, spec.calibration_texts, spec.options.device, log)
+    return build_engines(spec.variants, spec.calibration_texts, spec.options.device, log, spec.trust_remote_code)
 
 
 def _assemble(spec: WorkerSpec, engines: dict, log: Callable[[str], None]):

@@ -520,10 +520,10 @@ class TokenizerText:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
 
-def tokenizer_text(source) -> TokenizerText:
+def tokenizer_text(source, trust_remote_code: bool = False) -> TokenizerText:
     """The checkpoint's tokenizer, loaded as models/loading.load_causal_lm loads it."""
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return TokenizerText(tok)

@@ -130,7 +130,8 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
     try:
         write_safetensors(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt", "variantlab": FORMAT})
         model.config.save_pretrained(tmp)  # config.json only
-        copied = [f for f in _SOURCE_FILES if (source / f).is_file()]
+        remote = remote_code_files(model, source)
+        copied = [f for f in _SOURCE_FILES if (source / f).is_file()] + remote
         for f in copied:
             shutil.copyfile(source / f, tmp / f)
         if not any(f.startswith("tokenizer") or f in ("vocab.json", "vocab.txt") for f in copied):
@@ -153,6 +154,7 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
                       "attn_implementation": attn, "non_persistent_buffers": buffers},
             "modules": modules,
             "attention": attention,   # {"spec": "gqa:4", "options": {...}} re-applied on load; None: the model's own
+            "remote_code": remote,    # the checkpoint's own Python files it loads with (trust_remote_code)
             "build": build,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
@@ -239,7 +241,8 @@ def _check_rebuildable(model, state: dict, modules: dict, load_dtype: str, attn:
 
     import torch
 
-    skeleton = _skeleton(copy.deepcopy(model.config), load_dtype, attn, attention)
+    skeleton = _skeleton(copy.deepcopy(model.config), load_dtype, attn, attention,
+                         type(model).__module__.startswith("transformers_modules"))
     _swap_modules(skeleton, modules, {k: v.to("meta") for k, v in state.items()})
     from .kernel_linear import plain_class
     mine, theirs = dict(model.named_modules()), dict(skeleton.named_modules())
@@ -315,7 +318,8 @@ def _compat_problem(meta: dict, path: Path, device_type: str | None, torch_versi
 
 def artifact_problem(path: str | Path, recipe_name: str, options, source_model_path: str | Path,
                      device_type: str | None = None, *, attention: str | None = None,
-                     attention_options: dict | None = None, calibration_sha256: str | None = None) -> str | None:
+                     attention_options: dict | None = None, calibration_sha256: str | None = None,
+                     trust_remote_code: bool = False) -> str | None:
     """None when the artifact at `path` is this variant, built from these weights, loadable here, and
     as it was built (its files and variant.json match the hashes sealed at build time); else why not.
     Torch-free: reads variant.json, stats files, and last (when all else fits) hashes them."""
@@ -328,6 +332,8 @@ def artifact_problem(path: str | Path, recipe_name: str, options, source_model_p
     problem = shape_problem(meta)
     if problem:
         return problem
+    if meta.get("remote_code") and not trust_remote_code:
+        return "it runs its checkpoint's own Python, and the suite's trust_remote_code is off"
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -358,9 +364,10 @@ def artifact_problem(path: str | Path, recipe_name: str, options, source_model_p
 
 # ---------------------------------------------------------------- loading
 
-def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None):
+def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None, trust_remote_code: bool = False):
     """(model, tokenizer, facts) of the artifact at `path`, on `device`, in eval mode; no quantization runs.
-    `tokenizer`: one already loaded from `path` (else it is loaded here). variant.json's shape is checked
+    `tokenizer`: one already loaded from `path` (else it is loaded here). An artifact of a checkpoint with
+    its own Python loads only with `trust_remote_code` (the suite's switch), never on the artifact's word. variant.json's shape is checked
     here; its hashes are not (every measurement loads: `artifact_problem` verifies them once, before reuse).
 
     facts are the build's, with `weight_bytes` the size of model.safetensors on disk
@@ -380,16 +387,21 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None):
     if problem:
         raise ModelLoadError(f"cannot load artifact {path}: {problem}",
                              accepted="an artifact built here with `variantlab build` (rebuild it)")
+    if meta.get("remote_code") and not trust_remote_code:
+        raise ModelLoadError(f"artifact {path} runs its checkpoint's own Python ({', '.join(meta['remote_code'])})",
+                             field="trust_remote_code", accepted="trust_remote_code: true in the suite, for a "
+                                                                 "checkpoint whose code you trust")
     try:
-        # never the folder's own Python (trust_remote_code): left unset, transformers asks on a terminal
+        # the folder's own Python only when the suite turns it on: left unset, transformers asks on a terminal
         tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(
-            path, local_files_only=True, trust_remote_code=False)
-        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            path, local_files_only=True, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types; the user needs the one line
         raise ModelLoadError(f"cannot load artifact {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                              accepted="a folder written by `variantlab build`") from None
     m = meta["model"]
-    model = _skeleton(config, m["load_dtype"], m.get("attn_implementation"), meta.get("attention"))
+    model = _skeleton(config, m["load_dtype"], m.get("attn_implementation"), meta.get("attention"),
+                      trust_remote_code)
     with safe_open(str(path / WEIGHTS_FILE), framework="pt", device=str(dev)) as f:  # memory-mapped on CPU
         state = {k: _aligned(f.get_tensor(k)) for k in f.keys()}
     for alias, stored in meta["weights"].get("aliases", {}).items():
@@ -450,7 +462,16 @@ def _parameters_on_meta():
         nn.Module.register_parameter = register
 
 
-def _skeleton(config, load_dtype: str, attn: str | None, attention: dict | None = None):
+def remote_code_files(model, source: Path) -> list[str]:
+    """The source's Python files a model loaded with trust_remote_code was built from (its class lives in
+    transformers' dynamic `transformers_modules`); [] for a model of transformers' own code."""
+    if not type(model).__module__.startswith("transformers_modules"):
+        return []
+    return sorted(p.name for p in source.glob("*.py") if p.is_file())
+
+
+def _skeleton(config, load_dtype: str, attn: str | None, attention: dict | None = None,
+              trust_remote_code: bool = False):
     """The architecture of `config`, parameters on meta, built under `load_dtype` as from_pretrained did,
     with the variant's attention re-applied (gqa on a pooled config is the identity; linear and sliding
     swap module classes and change no weights)."""
@@ -460,6 +481,8 @@ def _skeleton(config, load_dtype: str, attn: str | None, attention: dict | None 
     if attn == "variantlab":  # our linear/sliding modules register this; the skeleton starts from the
         attn = None           # model's default (sdpa where it has one; Gemma2 has none) and swaps again
     kw = {"attn_implementation": attn} if attn else {}
+    if trust_remote_code:
+        kw["trust_remote_code"] = True
     with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, load_dtype), **kw)
     if attention:

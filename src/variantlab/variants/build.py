@@ -72,7 +72,7 @@ def _sync(device: str) -> None:
 
 
 def build(source: str | Path, variant: VariantDefinition, device: str = "cpu", *,
-          calibration_texts: Sequence[str] = ()) -> BuiltVariant:
+          calibration_texts: Sequence[str] = (), trust_remote_code: bool = False) -> BuiltVariant:
     """Load the checkpoint at `source` (a directory or 'builtin:NAME') and turn it into `variant` on `device`.
 
     Raises UnsupportedOnHardware when the device has no kernel for the recipe (a capability check),
@@ -91,7 +91,7 @@ def build(source: str | Path, variant: VariantDefinition, device: str = "cpu", *
         raise UnsupportedOnHardware(reason)
     path = resolve_model_path(str(source))
     t0 = time.perf_counter()
-    model, tokenizer = load_causal_lm(path, recipe.load_dtype(options), device)
+    model, tokenizer = load_causal_lm(path, recipe.load_dtype(options), device, trust_remote_code=trust_remote_code)
     _sync(device)
     t1 = time.perf_counter()
     attn = (apply_attention(model, variant.attention, variant.attention_options)
@@ -126,12 +126,14 @@ def save(built: BuiltVariant, source: str | Path, out_dir: str | Path) -> dict:
                          attention=v.attention_json)
 
 
-def load(artifact_dir: str | Path, device: str = "cpu", *, tokenizer: Any = None) -> BuiltVariant:
+def load(artifact_dir: str | Path, device: str = "cpu", *, tokenizer: Any = None,
+         trust_remote_code: bool = False) -> BuiltVariant:
     """The variant saved at `artifact_dir`, on `device`: the stored tensors are assigned, nothing is
     quantized again. `tokenizer`: one already loaded from that folder (the measuring host loads it
     as its own cold-start stage)."""
     from .artifact import load_artifact
 
-    model, tok, facts = load_artifact(Path(artifact_dir), device, tokenizer=tokenizer)
+    model, tok, facts = load_artifact(Path(artifact_dir), device, tokenizer=tokenizer,
+                                      trust_remote_code=trust_remote_code)
     _sync(device)
     return BuiltVariant(model, tok, facts)
