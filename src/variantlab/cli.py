@@ -206,28 +206,39 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
                                              "(default: ./artifacts/<suite name>/)"),
           skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="skip a JSONL dataset's bad lines "
                                               "(invalid JSON, a missing field, not UTF-8) instead of stopping at the "
-                                              "first; says which it skipped")) -> None:
+                                              "first; says which it skipped"),
+          executor: str = typer.Option("local", "--executor", help="local: one build at a time here | ray: each "
+                                       "build a Ray task, side by side where the cluster has room"),
+          address: Optional[str] = typer.Option(None, "--address", help="with --executor ray: the cluster to join "
+                                                "(auto: the one this machine belongs to); default: a local one")) -> None:
     """Build every variant of SUITE, each in a fresh process, and save it as an artifact (safetensors + JSON)."""
     from rich.table import Table
 
     from .measure.plan import plan_suite_file
+    from .measure.ray_executor import make_executor
     from .measure.runner import Events, default_artifacts_dir, run_build
     from .report.format import fmt_value
 
     _terminate_as_interrupt()
+    runner = None
     try:
         plan = plan_suite_file(suite, skip_bad_lines)
         _print_plan_warnings(plan)
         _print_resolved(plan)
         out_dir = out if out is not None else default_artifacts_dir(plan)
+        runner = make_executor(executor, address)
         t0 = time.perf_counter()
         with err_console.status("building") as status:
-            results = run_build(plan, out_dir, events=Events(on_job=lambda label: status.update(label)))
+            results = run_build(plan, out_dir, executor=runner, events=Events(on_job=lambda label: status.update(label)))
     except VariantlabError as e:
         _fail(e)
-    except KeyboardInterrupt:   # the executor has ended the worker; finished artifacts stay
+    except KeyboardInterrupt:   # the executor has ended the workers; finished artifacts stay
         err_console.print("interrupted: the artifacts finished so far are kept", highlight=False)
         raise typer.Exit(130)
+    finally:
+        close = getattr(runner, "close", None)
+        if close:
+            close()
     t = Table("variant", "recipe", "bits per weight", "size on disk", "build time", "status",
               title=f"{plan.suite.name} — artifacts in {out_dir}")
     for v in plan.variants:

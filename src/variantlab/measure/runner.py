@@ -240,7 +240,7 @@ class _Run:
             finished = {(r.variant, r.kind, getattr(r, "round", 0)): r for r in store.records(run_id)}
             self.kept = len(finished)
             self.events.on_start(len(plan.variants) * (1 + plan.rounds) - len(finished))
-            builds = {v.name: self._build(v, finished.get((v.name, "build", 0))) for v in plan.variants}
+            builds = self._build_all(finished)
             self._measure_all(builds, finished)
             records = store.records(run_id, "measure")
             if resumed:
@@ -258,17 +258,41 @@ class _Run:
             raise
         return self._report(t0, builds, comparison)
 
-    def _build(self, v: PlannedVariant, stored: BuildRecord | None) -> BuildRecord:
-        """The variant's build: a stored one (resuming) whose artifact is still as built, else reused or built.
-        A stored failure stays the variant's status: resuming finishes a run, it does not retry it."""
-        if stored is not None and (stored.status != "ok" or v.definition.endpoint is not None
-                                   or mismatch(self.plan, v, Path(stored.artifact_dir)) is None):
-            return stored
-        record = _artifact_for(self.plan, v, self.out / "variants" / v.name, self.executor, self.artifacts_dir,
-                               self.threads, self.events)
+    def _build_all(self, finished: dict) -> dict[str, BuildRecord]:
+        """Every variant's build, in the plan's order: a stored one (resuming) whose artifact is still as built,
+        an endpoint's, one reused from the artifacts folder, else built in a worker — those through the
+        executor's run_all (side by side on a cluster). A stored failure stays the variant's status: resuming
+        finishes a run, it does not retry it."""
+        plan, builds, pending = self.plan, {}, {}
+        for v in plan.variants:
+            stored = finished.get((v.name, "build", 0))
+            if stored is not None and (stored.status != "ok" or v.definition.endpoint is not None
+                                       or mismatch(plan, v, Path(stored.artifact_dir)) is None):
+                builds[v.name] = stored
+                continue
+            record, not_reused = ((endpoint_record(v), ()) if v.definition.endpoint is not None
+                                  else reused_artifact(plan, v, self.artifacts_dir))
+            if record is not None:
+                self._keep_build(f"{v.name} · artifact reused" if record.reused else f"{v.name} · endpoint", record,
+                                 builds)
+                continue
+            folder = self.out / "variants" / v.name
+            label = f"{v.name} · build"
+            task = Task(label, _build_job(plan, v, folder / "artifact", self.threads), folder / "build",
+                        lambda stage, f, label=label: self.events.on_progress(label, stage, f))
+            pending[label] = (task, not_reused)
+        self.executor.run_all(
+            [task for task, _ in pending.values()], Limits(plan.suite.timeout_s),
+            lambda task, record, _: self._keep_build(task.label, record.model_copy(
+                update={"not_reused": pending[task.label][1]}), builds),
+            on_start=lambda task: self.events.on_job(task.label))
+        return {v.name: builds[v.name] for v in plan.variants}
+
+    def _keep_build(self, label: str, record: BuildRecord, builds: dict) -> None:
         self.store.put_record(self.run_id, record)
         self.kept += 1
-        return record
+        builds[record.variant] = record
+        self.events.on_done(label, record)
 
     def _measure_all(self, builds: dict[str, BuildRecord], finished: dict) -> None:
         """Every (variant, round) without a record, in the plan's order, through the executor's run_all. A
@@ -385,36 +409,22 @@ def mismatch(plan: Plan, v: PlannedVariant, artifact: Path) -> str | None:
                             trust_remote_code=plan.suite.trust_remote_code)
 
 
-def _artifact_for(plan: Plan, v: PlannedVariant, variant_dir: Path, executor: Executor,
-                  artifacts_dir: str | Path | None, threads: int, events: Events) -> BuildRecord:
-    """A valid artifact of `v`: reused from artifacts_dir/<name> when it matches, else built into the
-    run folder in a fresh worker process (the build record says why one was not reused)."""
-    if v.definition.endpoint is not None:   # an endpoint is measured as it serves: nothing to build
-        return endpoint_record(v)
-    own = variant_dir / "artifact"
-    candidates = [Path(artifacts_dir) / v.name] if artifacts_dir is not None else []
-    skipped: list[str] = []
-    d = v.definition
-    for c in candidates:
-        if not (c / META_FILE).is_file():
-            skipped.append(f"{c}: no artifact there")
-            continue
-        problem = mismatch(plan, v, c)
-        if problem is None:
-            meta = read_variant_json(c)
-            record = BuildRecord(variant=v.name, status="ok", artifact_dir=str(c.resolve()), reused=True,
-                                 not_reused=tuple(skipped), facts=meta.get("facts"),
-                                 bytes_on_disk=meta["weights"]["bytes_on_disk"], timings=meta.get("build", {}))
-            events.on_done(f"{v.name} · artifact reused", record)
-            return record
-        skipped.append(f"{c}: {problem}")
-    label = f"{v.name} · build"
-    events.on_job(label)
-    record, _ = executor.run(_build_job(plan, v, own, threads), variant_dir / "build", plan.suite.timeout_s,
-                             lambda stage, f: events.on_progress(label, stage, f))
-    record = record.model_copy(update={"not_reused": tuple(skipped)})
-    events.on_done(label, record)
-    return record
+def reused_artifact(plan: Plan, v: PlannedVariant,
+                    artifacts_dir: str | Path | None) -> tuple[BuildRecord | None, tuple[str, ...]]:
+    """v's artifact in artifacts_dir/<name> when it matches, hashes verified (a build record saying it was
+    reused); else (None, why none was reused)."""
+    if artifacts_dir is None:
+        return None, ()
+    c = Path(artifacts_dir) / v.name
+    if not (c / META_FILE).is_file():
+        return None, (f"{c}: no artifact there",)
+    problem = mismatch(plan, v, c)
+    if problem is not None:
+        return None, (f"{c}: {problem}",)
+    meta = read_variant_json(c)
+    return BuildRecord(variant=v.name, status="ok", artifact_dir=str(c.resolve()), reused=True,
+                       facts=meta.get("facts"), bytes_on_disk=meta["weights"]["bytes_on_disk"],
+                       timings=meta.get("build", {})), ()
 
 
 def endpoint_record(v: PlannedVariant) -> BuildRecord:
@@ -453,18 +463,22 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
     executor = executor or LocalProcessExecutor()
     events = events or Events()
     threads = plan.suite.threads or available_cores()
-    results: dict[str, BuildRecord] = {}
-    for v in plan.variants:
-        if v.definition.endpoint is not None:
-            results[v.name] = endpoint_record(v)
-            continue
-        label = f"{v.name} · build"
-        events.on_job(label)
-        record, _ = executor.run(_build_job(plan, v, out / v.name, threads), out / ".logs" / v.name,
-                                 plan.suite.timeout_s, lambda stage, f, label=label: events.on_progress(label, stage, f))
-        results[v.name] = record
-        events.on_done(label, record)
-    return results
+    results: dict[str, BuildRecord] = {v.name: endpoint_record(v) for v in plan.variants
+                                       if v.definition.endpoint is not None}
+    tasks = [Task(f"{v.name} · build", _build_job(plan, v, out / v.name, threads), out / ".logs" / v.name,
+                  lambda stage, f, label=f"{v.name} · build": events.on_progress(label, stage, f))
+             for v in plan.variants if v.definition.endpoint is None]
+
+    def on_done(task: Task, record, _) -> None:
+        results[record.variant] = record
+        events.on_done(task.label, record)
+
+    try:
+        executor.run_all(tasks, Limits(plan.suite.timeout_s), on_done, on_start=lambda task: events.on_job(task.label))
+    except BaseException:   # Ctrl-C: no build outlives the command (finished artifacts stay)
+        executor.kill()
+        raise
+    return {v.name: results[v.name] for v in plan.variants}
 
 
 def stored_comparison(store: Store, run_id: str) -> tuple[Comparison, object]:
