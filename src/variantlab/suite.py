@@ -249,8 +249,8 @@ class Suite(_Frozen):
     timeout_s: float = Field(900, gt=0, le=MAX_TIMEOUT_S, description="a variant still running after this is recorded "
                                                                       "as failed")
     max_memory: str | None = Field(None, description="resident memory a measurement's worker may hold (the "
-                                                         "worker and what it starts), e.g. 4GiB or 512MiB; past it "
-                                                         "the measurement is ended and recorded as failed")
+                                                    "worker and what it starts), e.g. 4GiB or 512MiB; past it "
+                                                    "the measurement is ended and recorded as failed")
     trust_remote_code: bool = Field(False, description="let a checkpoint's own Python (config.json auto_map) run "
                                                         "when it loads; off: such a checkpoint is refused at planning")
     explain: bool = Field(False, description="after the run, profile the baseline and every variant slower than it "
