@@ -119,6 +119,7 @@ def test_bench_measures_built_variants_from_their_artifacts(built, tmp_path):
     assert c.row("model_size").deltas["int4"].pct < -70
 
 
+@pytest.mark.slow
 def test_bench_reuses_a_verified_artifact_and_rebuilds_a_tampered_one_saying_why(tmp_path):
     """Issue 13: an artifact whose facts were edited (bits_per_weight: 1, a made-up kernel) was measured as
     it said. Now it fails its content hash and is rebuilt in the run folder; the untouched one is reused;
