@@ -173,3 +173,24 @@ def test_replan_gives_the_stored_plan_back_or_names_what_changed(tmp_path):
     with pytest.raises(VariantlabError) as info:
         replan(_Row(path, stored, changed), tmp_path / "store.sqlite")
     assert "cannot be resumed: its plan made again today differs in samples_sha256" in info.value.one_line()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sigterm_ends_a_ray_run_as_interrupted_and_leaves_no_process_behind(tmp_path):
+    pytest.importorskip("ray")
+    suite, store = write_suite(tmp_path), tmp_path / "store.sqlite"
+    proc = cli("bench", suite, "--executor", "ray", cwd=tmp_path)
+    deadline = time.monotonic() + 400
+    while measured(store) < 1 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1]
+    tree = psutil.Process(proc.pid).children(recursive=True)     # its Ray cluster, tasks and workers
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    with Store(store) as s:
+        (run,) = s.runs()
+        assert run.status == "interrupted" and 1 <= len(s.records(run.run_id, "measure")) < 6
