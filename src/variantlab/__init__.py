@@ -37,7 +37,7 @@ def bench(suite_path, *, store=None, output_dir=None, artifacts=None, rounds=Non
         return run_plan(plan.with_rounds(rounds) if rounds is not None else plan, store_path=store,
                         output_dir=output_dir, artifacts_dir=artifacts, executor=executor)
     finally:
-        if made is not None and hasattr(made, "close"):
+        if made is not None:
             made.close()     # a local Ray cluster it started
 
 

@@ -160,9 +160,8 @@ def bench(suite: Optional[Path] = typer.Argument(None, help="suite file (YAML); 
         err_console.print("interrupted before anything was measured", highlight=False)
         raise typer.Exit(130)
     finally:
-        close = getattr(runner, "close", None)
-        if close:
-            close()
+        if runner is not None:
+            runner.close()
     if as_json:
         from .report.files import results_json_text
         print(results_json_text(result.to_json()))     # results.json's text: schema variantlab.results/1
@@ -236,9 +235,8 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
         err_console.print("interrupted: the artifacts finished so far are kept", highlight=False)
         raise typer.Exit(130)
     finally:
-        close = getattr(runner, "close", None)
-        if close:
-            close()
+        if runner is not None:
+            runner.close()
     t = Table("variant", "recipe", "bits per weight", "size on disk", "build time", "status",
               title=f"{plan.suite.name} — artifacts in {out_dir}")
     for v in plan.variants:

@@ -120,8 +120,8 @@ class TorchEngine:
                 pos = pos[:, -1:]                                                       # (B, 1)
             last = logits[:, -1]                                                        # (B, V)
             nxt = last.argmax(-1, keepdim=True)                                         # (B, 1)
-            finite = bool(torch.isfinite(last).all())               # once a request; synchronises the device
-            host = nxt.tolist()                                      # [[id] * B]
+            host = nxt.tolist()                                      # [[id] * B]; synchronises the device
+            finite = bool(torch.isfinite(last).all())               # once a request, after that sync
         if not finite:
             raise NonFiniteLogits(f"NaN or inf logits after the prompt of {len(prompts)} request(s) "
                                   f"({max(n_in)} tokens): the variant's answers would be argmax of garbage")

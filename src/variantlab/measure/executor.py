@@ -58,6 +58,20 @@ class Executor(Protocol):
     def kill(self) -> None:
         """End whatever is running now (an interrupted run)."""
 
+    def close(self) -> None:
+        """Release what the executor started for itself (a local Ray cluster); nothing for the local one."""
+
+
+def read_result(job: Job, data: bytes) -> tuple[Record, dict[str, bytes]]:
+    """A worker's result bytes as (record, blobs), validated against the job; a failed record saying why
+    when they do not validate. Both executors read results through here."""
+    try:
+        record, blobs = decode_result(data, job_trackers(job))
+        check_answers(record, job)
+        return record, blobs
+    except CorruptResult as e:
+        return failed(job, "failed", f"corrupt worker result: {e}"), {}
+
 
 def run_one_at_a_time(executor, tasks: Iterable[Task], limits: Limits, on_done: DoneFn,
                       on_start: Callable[[Task], None] | None = None) -> None:
@@ -76,8 +90,6 @@ def as_limits(limits: Limits | float) -> Limits:
 class LocalProcessExecutor:
     """`python -m variantlab.measure.worker` in a fresh process (its own process group), with a timeout
     and, when given, a memory limit on the whole group."""
-
-    slots = 1
 
     def __init__(self, python: str = sys.executable):
         self.python = python
@@ -120,15 +132,13 @@ class LocalProcessExecutor:
                 self._running = None
             reader.join(timeout=5)
         if out_path.is_file():
-            try:
-                record, blobs = decode_result(out_path.read_bytes(), job_trackers(job))
-                check_answers(record, job)
-                return record, blobs
-            except CorruptResult as e:
-                return failed(job, "failed", f"corrupt worker result: {e}"), {}
+            return read_result(job, out_path.read_bytes())
         tail = [ln for ln in err_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
         return failed(job, "failed", f"worker {how}" + (f": {tail[0].strip()}" if tail else "")), {}
+
+    def close(self) -> None:
+        pass
 
     def kill(self) -> None:
         """End the running worker and its children, if any."""

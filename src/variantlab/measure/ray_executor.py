@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import VariantlabError
-from .executor import DoneFn, LocalProcessExecutor, ProgressFn, Task, as_limits
+from .executor import DoneFn, LocalProcessExecutor, ProgressFn, Task, as_limits, read_result
 from .limits import Limits
-from .wire import CorruptResult, Job, MeasureJob, Record, check_answers, decode_job, decode_result, encode_job, \
-    encode_result, failed, job_trackers
+from .wire import Job, MeasureJob, Record, decode_job, encode_job, encode_result, failed
 
 ACCEPTED_EXECUTORS = "local | ray"
 
@@ -111,11 +110,13 @@ class RayExecutor:
         if self._owned and self._ray.is_initialized():
             self._ray.shutdown()
 
-    def _resources(self, job: Job) -> dict:
-        ray = self._ray
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        return task_resources(job.device, job.threads, ray.cluster_resources().get("GPU", 0),
-                              max((n.get("CPU", 0) for n in nodes), default=1))
+    def _placement(self, job: Job) -> tuple[dict, int]:
+        """What each of the run's tasks asks for (every job of a run has the same device and threads), and how
+        many such tasks the cluster's alive nodes hold at once."""
+        nodes = [n["Resources"] for n in self._ray.nodes() if n.get("Alive")]
+        options = task_resources(job.device, job.threads, sum(n.get("GPU", 0) for n in nodes),
+                                 max((n.get("CPU", 0) for n in nodes), default=1))
+        return options, slots(options, nodes)
 
     def run(self, job: Job, workdir: Path, limits: Limits | float,
             progress: ProgressFn | None = None) -> tuple[Record, dict[str, bytes]]:
@@ -133,9 +134,8 @@ class RayExecutor:
                 task = next(stream, None)
                 if task is None:
                     break
-                if options is None:   # every job of a run asks for the same: its device and threads
-                    options = self._resources(task.job)
-                    room = slots(options, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+                if options is None:
+                    options, room = self._placement(task.job)
                 if on_start:
                     on_start(task)
                 ref = self._remote.options(**options).remote(encode_job(task.job), str(task.workdir), limits)
@@ -153,12 +153,7 @@ class RayExecutor:
         except self._ray.exceptions.RayError as e:   # the task, its worker process or its node died
             first = (str(e).strip().splitlines() or [""])[0]
             return failed(task.job, "failed", f"ray task failed: {type(e).__name__}: {first}"[:500]), {}
-        try:
-            record, blobs = decode_result(data, job_trackers(task.job))
-            check_answers(record, task.job)
-            return record, blobs
-        except CorruptResult as e:
-            return failed(task.job, "failed", f"corrupt worker result: {e}"), {}
+        return read_result(task.job, data)
 
     def kill(self) -> None:
         """Cancel every task in flight; each worker process dies with its Ray worker (the parent-death signal)."""

@@ -277,10 +277,8 @@ class _Run:
                                  builds)
                 continue
             folder = self.out / "variants" / v.name
-            label = f"{v.name} · build"
-            task = Task(label, _build_job(plan, v, folder / "artifact", self.threads), folder / "build",
-                        lambda stage, f, label=label: self.events.on_progress(label, stage, f))
-            pending[label] = (task, not_reused)
+            task = build_task(plan, v, folder / "artifact", folder / "build", self.threads, self.events)
+            pending[task.label] = (task, not_reused)
         self.executor.run_all(
             [task for task, _ in pending.values()], Limits(plan.suite.timeout_s),
             lambda task, record, _: self._keep_build(task.label, record.model_copy(
@@ -392,9 +390,7 @@ def _explain_slower(plan: Plan, builds: dict, comparison: Comparison, out: Path,
         except ExplainFailed as e:
             notes.append(f"explain {name}: {e}")
         except KeyboardInterrupt:
-            kill = getattr(executor, "kill", None)
-            if kill:
-                kill()
+            executor.kill()
             notes.append("explain: interrupted; the run itself is complete and stored")
             break
     return tuple(done), tuple(notes)
@@ -436,10 +432,14 @@ def endpoint_record(v: PlannedVariant) -> BuildRecord:
                                         "endpoint exposes is measured"]})
 
 
-def _build_job(plan: Plan, v: PlannedVariant, artifact_dir: Path, threads: int) -> BuildJob:
-    return BuildJob(variant=v.definition.to_json(), source=str(v.source), artifact_dir=str(artifact_dir.resolve()),
-                    device=plan.suite.device, threads=threads, seed=plan.suite.seed,
-                    calibration_texts=plan.calibration_texts, trust_remote_code=plan.suite.trust_remote_code)
+def build_task(plan: Plan, v: PlannedVariant, artifact_dir: Path, workdir: Path, threads: int,
+               events: Events) -> Task:
+    """The job that builds v into artifact_dir (its worker's files in workdir), labelled for the display."""
+    label = f"{v.name} · build"
+    job = BuildJob(variant=v.definition.to_json(), source=str(v.source), artifact_dir=str(artifact_dir.resolve()),
+                   device=plan.suite.device, threads=threads, seed=plan.suite.seed,
+                   calibration_texts=plan.calibration_texts, trust_remote_code=plan.suite.trust_remote_code)
+    return Task(label, job, workdir, lambda stage, f: events.on_progress(label, stage, f))
 
 
 def _device_type(device: str) -> str:
@@ -465,8 +465,7 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
     threads = plan.suite.threads or available_cores()
     results: dict[str, BuildRecord] = {v.name: endpoint_record(v) for v in plan.variants
                                        if v.definition.endpoint is not None}
-    tasks = [Task(f"{v.name} · build", _build_job(plan, v, out / v.name, threads), out / ".logs" / v.name,
-                  lambda stage, f, label=f"{v.name} · build": events.on_progress(label, stage, f))
+    tasks = [build_task(plan, v, out / v.name, out / ".logs" / v.name, threads, events)
              for v in plan.variants if v.definition.endpoint is None]
 
     def on_done(task: Task, record, _) -> None:
