@@ -6,6 +6,7 @@ multiples of 1/8 s so that medians are exact in binary. Nothing here runs a mode
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -55,7 +56,7 @@ def logprobs_blob(seed: int) -> bytes:
 
 def record(name: str, rnd: int, *, scale: float = 1.0, once: bool = False, cold: float = 3.0,
            correct=(True, True, True, False), fingerprint="fp-a", scoring_seed=0, nonfinite=None,
-           stored=1000, peak=2_000_000, ttfts=(0.5, 0.75, 1.0, 1.25, 1.5)) -> tuple[MeasurementRecord, dict]:
+           stored=1000, peak=2_000_000, ttfts=(0.5, 0.75, 1.0, 1.25, 1.5), nll=6.0) -> tuple[MeasurementRecord, dict]:
     outs = [
         (ColdStart(), ColdStartOutput(import_s=1.0, tokenizer_s=0.01, load_s=cold - 1.5, first_token_s=0.49,
                                       total_s=cold, clock="process start")),
@@ -74,7 +75,7 @@ def record(name: str, rnd: int, *, scale: float = 1.0, once: bool = False, cold:
                                   kv_cache_bytes_per_token=64, kv_cache_bytes_2048=64 * 2048, kernels=("mm",),
                                   notes=(), attention="model's own")),
             (Grading(4), GradingOutput(ids=("0", "1", "2", "3"), outputs=("a",) * 4, correct=tuple(correct))),
-            (Scoring(2), ScoringOutput(texts=2, positions=6, nll_nats=None if nonfinite else 6.0, n_bytes=12,
+            (Scoring(2), ScoringOutput(texts=2, positions=6, nll_nats=None if nonfinite else nll, n_bytes=12,
                                        tokenizer_fingerprint=fingerprint, tokenizer_class="Tok",
                                        logprobs_blob=blob_id(blob), nonfinite=nonfinite)),
         ]
@@ -197,6 +198,20 @@ def test_a_tokenizer_that_splits_text_differently_is_not_comparable():
     cell = c.row("scoring.kld_mean").cells["fast"]
     assert cell.value is None and "not comparable" in cell.problem
     assert c.row("scoring.bits_per_byte").cells["fast"].value is not None   # still comparable across tokenizers
+
+
+def test_perplexities_of_texts_split_differently_get_no_delta_and_the_ppl_ratios_reason():
+    c = run([record("base", 0, once=True), record("fast", 0, once=True, fingerprint="fp-b", nll=8.0),
+             record("same", 0, once=True, nll=8.0)], names=("base", "fast", "same"))
+    ppl = c.row("scoring.ppl")
+    assert ppl.cells["fast"].value == pytest.approx(math.exp(8 / 6))    # its own figure stands
+    why = c.row("scoring.ppl_ratio").cells["fast"].problem
+    assert why.startswith("not comparable: Tok split the evaluation text differently")
+    d = ppl.deltas["fast"]
+    assert d.pct is None and d.significant is None and d.problem == why   # one rule, one wording, both rows
+    assert ppl.deltas["same"].pct == pytest.approx(100 * (math.exp(8 / 6) / math.e - 1))   # same split: compared
+    assert c.row("scoring.bits_per_byte").deltas["fast"].pct is not None   # bits per byte still compare
+    assert Comparison.from_json(json.loads(json.dumps(c.to_json()))).row("scoring.ppl").deltas["fast"] == d
 
 
 def test_nan_logits_are_named_in_the_row_and_the_run_completes():

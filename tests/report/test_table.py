@@ -140,6 +140,22 @@ def test_a_long_problem_in_a_headline_row_still_fits_in_100_columns():
     assert max(cell_len(line) for line in render(c)) <= WIDTH
 
 
+def test_a_withheld_perplexity_delta_reads_not_comparable_in_every_report():
+    why = ("not comparable: Tok split the evaluation text differently from the baseline's Tok (fingerprint b vs "
+           "a); compare bits per byte and task accuracy")
+    withheld = Delta(None, None, None, None, "not comparable", problem=why)
+    ppl = row("scoring.ppl", "Perplexity (eval text)", "ratio", True, "fact",
+              {"fp32": est(9.0, "ratio"), "bf16": est(9.3, "ratio"), "int8": est(9.1, "ratio")},
+              {"bf16": withheld, "int8": fact_delta(1.1)})
+    c = comparison(extra_rows=(ppl,))
+    assert cell(c, "scoring.ppl", "bf16", all_rows=True).plain == "9.3000\nnot comparable"
+    assert cell(c, "scoring.ppl", "int8", all_rows=True).plain == "9.1000\n+1.1%"     # same split: compared
+    assert fmt_delta(withheld) == why and verdict(ppl, "bf16") is None            # report.md and HTML: the reason
+    from variantlab.report.markdown import comparison_markdown
+    md = next(line for line in comparison_markdown(c).splitlines() if line.startswith("| Perplexity"))
+    assert md == f"| Perplexity (eval text) | 9.0000 | 9.3000 | 9.1000 | {why} | +1.1% |"
+
+
 # ---------------------------------------------------------------- which rows
 
 def test_default_shows_only_headline_rows_in_headline_order():

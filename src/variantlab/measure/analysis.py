@@ -9,6 +9,8 @@ from one round's output, and the row's kind says how it is judged (measure/track
 - process: one value per round, the same way (one round: a single sample, no verdict);
 - fact: measured once; a plain percent change and no verdict;
 - versus: the tracker's `compare` against the baseline.
+A row whose metric says two figures cannot be compared (`MetricDef.comparable`: perplexities over
+texts that two tokenizers split differently) gives that variant no delta, only the reason.
 The baseline's round-to-round spread is the machine's noise: a row whose delta is smaller than it
 says so in plain words.
 """
@@ -21,6 +23,9 @@ from typing import Callable, Sequence
 from .rounds import estimate_rounds, paired_delta
 from .stats import Delta, Estimate, exact_delta
 from .tracker import NOT_MEASURED, MetricDef, Problem
+
+NOT_COMPARABLE = "not comparable"   # the method of a delta withheld: the two figures measure different things
+
 
 @dataclass(frozen=True)
 class Row:
@@ -262,7 +267,10 @@ def _row(t, d: MetricDef, names, ok, data, baseline: str, base, versus) -> Row:
             continue
         if cells[n] is None or cells[n].value is None or cells[baseline] is None or cells[baseline].value is None:
             continue
-        if d.kind == "fact":
+        why = _incomparable(t, d, base, data[n])
+        if why is not None:    # no figure of change between figures that do not measure the same thing
+            deltas[n] = Delta(None, None, None, None, NOT_COMPARABLE, problem=why)
+        elif d.kind == "fact":
             deltas[n] = exact_delta(cells[baseline].value, cells[n].value) if cells[baseline].value else None
         else:
             rounds = sorted(set(per_round[baseline]) | set(per_round[n]))
@@ -279,6 +287,18 @@ def _row(t, d: MetricDef, names, ok, data, baseline: str, base, versus) -> Row:
                         + ", ".join(unstable))
     return Row(key, label, d.unit, d.lower_is_better, d.kind, cells, deltas, d.headline, d.checks_stability,
                d.is_timing, noise, tuple(warnings), _note(t, d, data, [baseline, *ok]))
+
+
+def _incomparable(t, d: MetricDef, base: _Variant, v: _Variant) -> str | None:
+    """Why the variant's figure cannot be set against the baseline's, by the metric's own rule (a once tracker's
+    `comparable`: perplexities of texts split into other tokens), or None."""
+    if d.comparable is None:
+        return None
+    mine, theirs = v.once.get(t.name), base.once.get(t.name)
+    if mine is None or theirs is None or isinstance(mine, Problem) or isinstance(theirs, Problem):
+        return None
+    why = d.comparable(theirs, mine)
+    return why.text if why is not None else None
 
 
 def _cell(t, d: MetricDef, v: _Variant, versus: dict) -> tuple[Estimate | None, dict[int, list[float]]]:

@@ -61,6 +61,9 @@ class MetricDef:
     with_delta: bool = True         # False where a percent change says nothing (errors near 0)
     sample_name: str = "samples"    # what one sample is, for "too few requests for p99"
     note: Callable[[Any], str | None] | None = None   # a round's output → what the figure covers, in words
+    # a once tracker's (baseline output, variant output) → why the two figures cannot be compared (then the row
+    # gives the variant no delta, and says why), or None when they can: a perplexity per token across tokenizers
+    comparable: Callable[[Any, Any], Problem | None] | None = None
 
     @property
     def is_timing(self) -> bool:

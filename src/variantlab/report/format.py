@@ -5,7 +5,7 @@ value reads the same everywhere.
 """
 from __future__ import annotations
 
-from ..measure.analysis import Comparison, Row
+from ..measure.analysis import NOT_COMPARABLE, Comparison, Row
 from ..measure.stats import Delta, Estimate
 
 
@@ -59,7 +59,11 @@ def fmt_estimate(e: Estimate | None, with_ci: bool = True, check_stability: bool
 
 
 def fmt_delta(d: Delta | None, with_ci: bool = True) -> str:
-    """"+5.1% [+2.0, +8.3]", "+0.4% (n.s.)", or the bare percent of a fact; "—" when there is none."""
+    """"+5.1% [+2.0, +8.3]", "+0.4% (n.s.)", or the bare percent of a fact; "—" when there is none. A delta
+    withheld because the two figures are not comparable says so: its reason in full, or (not with_ci) its
+    first words, "not comparable"."""
+    if d is not None and d.pct is None and d.method == NOT_COMPARABLE and d.problem:
+        return d.problem if with_ci else NOT_COMPARABLE
     if d is None or d.pct is None:
         return "—"
     if with_ci:

@@ -6,10 +6,12 @@ latency, TTFT and TPOT p50, output throughput, peak memory, cold start, size); `
 row. Each variant's cell is its value, and below it (for every variant but the baseline) its delta;
 only a significant delta of at least 1% is coloured — green when the variant is better, red when
 worse — a non-significant one is dim and says "n.s.", a significant one under 1% is dim, and a
-fact's percent change (or a delta with no verdict: one round, a single sample) is plain. A value that
-cannot be given shows a short reason, or a numbered note printed under the table when the reason
-is long. Intervals are in report.md. When the variants do not fit in 100 columns they are split
-over several tables, each repeating the baseline.
+fact's percent change (or a delta with no verdict: one round, a single sample) is plain, and a delta
+withheld between figures that measure different things (perplexities over texts two tokenizers split
+differently) reads "not comparable". A value that cannot be given shows a short reason, or a
+numbered note printed under the table when the reason is long. Intervals are in report.md. When
+the variants do not fit in 100 columns they are split over several tables, each repeating the
+baseline.
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def _cell(c: Comparison, row: Row, v: str, notes: dict) -> str:
     if v == c.baseline:
         return text
     d = row.deltas.get(v)
-    if d is None or d.pct is None:
+    if d is None or (d.pct is None and fmt_delta(d) == "—"):   # a withheld delta says why: "not comparable"
         return text
     delta = escape(fmt_delta(d, with_ci=False))
     style = _STYLE.get(verdict(row, v) or "")

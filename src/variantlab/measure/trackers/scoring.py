@@ -3,11 +3,11 @@
 The first `samples` samples (prompt + " " + answer) are scored in one forward each. What travels
 back is data: the log-probabilities and targets as a content-addressed blob (safetensors bytes),
 plus the totals for perplexity and bits per byte. Comparisons with the baseline (KLD mean and p99,
-top-1 agreement, PPL ratio) need both sides to have tokenized the text identically: the
-tokenizer's fingerprint is what it *does* — its class and the token ids of the evaluation text —
-not a hash of its files (transformers picks the tokenizer class by model type, so one
-tokenizer.json can split text two ways). Bits per byte count only the bytes that were predicted.
-Non-finite logits are reported with where they start, never summed into a figure.
+top-1 agreement, PPL ratio, and the perplexity's delta) need both sides to have tokenized the text
+identically (`same_split`): the tokenizer's fingerprint is what it *does* — its class and the token
+ids of the evaluation text — not a hash of its files (transformers picks the tokenizer class by
+model type, so one tokenizer.json can split text two ways). Bits per byte count only the bytes
+that were predicted. Non-finite logits are reported with where they start, never summed into a figure.
 Deterministic: measured once per variant.
 """
 from __future__ import annotations
@@ -40,6 +40,16 @@ def fingerprint(tokenizer_class: str, token_ids) -> str:
     for ids in token_ids:
         h.update(b"|" + ",".join(map(str, ids)).encode())
     return h.hexdigest()[:12]
+
+
+def same_split(base: ScoringOutput, var: ScoringOutput) -> Problem | None:
+    """Why figures per token of the two cannot be compared (they split the evaluation text differently), or None.
+    One rule for every such row: the versus rows (KLD, top-1 agreement, PPL ratio) and the perplexity's delta."""
+    if var.tokenizer_fingerprint == base.tokenizer_fingerprint:
+        return None
+    return Problem(f"not comparable: {var.tokenizer_class} split the evaluation text differently from the "
+                   f"baseline's {base.tokenizer_class} (fingerprint {var.tokenizer_fingerprint} vs "
+                   f"{base.tokenizer_fingerprint}); compare bits per byte and task accuracy")
 
 
 def _fact(value):
@@ -75,7 +85,8 @@ class Scoring(TrackerBase):
             MetricDef("top1_agreement", "Top-1 agreement (vs baseline)", "ratio", False, "versus", with_delta=False),
             MetricDef("ppl_ratio", "PPL ratio (vs baseline)", "ratio", True, "versus", with_delta=False),
             MetricDef("ppl", "Perplexity (eval text)", "ratio", True, "fact",
-                      _fact(lambda o: math.exp(o.nll_nats / o.positions) if o.positions else None)),
+                      _fact(lambda o: math.exp(o.nll_nats / o.positions) if o.positions else None),
+                      comparable=same_split),
             MetricDef("bits_per_byte", "Bits per byte (eval text)", "bits", True, "fact",
                       _fact(lambda o: acc.bits_per_byte(o.nll_nats, o.n_bytes) if o.n_bytes else None)),
         )
@@ -103,10 +114,8 @@ class Scoring(TrackerBase):
 
     def compare(self, base: ScoringOutput, var: ScoringOutput, blobs) -> dict:
         keys = ("kld_mean", "kld_p99", "top1_agreement", "ppl_ratio")
-        if var.tokenizer_fingerprint != base.tokenizer_fingerprint:
-            why = Problem(f"not comparable: {var.tokenizer_class} split the evaluation text differently from the "
-                          f"baseline's {base.tokenizer_class} (fingerprint {var.tokenizer_fingerprint} vs "
-                          f"{base.tokenizer_fingerprint}); compare bits per byte and task accuracy")
+        why = same_split(base, var)
+        if why:
             return dict.fromkeys(keys, why)
         problem = var.problem or (Problem(f"baseline: {base.nonfinite}") if base.problem else None)
         if problem:
