@@ -508,9 +508,11 @@ def recommend(run: str = typer.Argument(..., help="run id (or a unique prefix)")
 
 
 def _print_recommendation(rec) -> None:
-    for i, line in enumerate(rec.lines()):
-        console.print(("" if i < 2 else "  ") + escape(line), highlight=False, soft_wrap=True,
-                      style="bold" if line.startswith(("pick:", "no pick")) else None)
+    for line in rec.lines():
+        top = line.startswith(("caution:", "requirements:", "pick:", "no pick"))
+        console.print(("" if top else "  ") + escape(line), highlight=False, soft_wrap=True,
+                      style="bold yellow" if line.startswith("caution:") else
+                      "bold" if line.startswith(("pick:", "no pick")) else None)
 
 
 def _print_matrix(matrix, baseline: str) -> None:

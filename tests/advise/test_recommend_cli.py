@@ -80,6 +80,19 @@ def test_requirements_no_variant_meets_still_answer(bench_run):
         in proc.stdout
 
 
+def test_a_pick_without_accuracy_data_leads_with_that_caveat_in_the_terminal_and_the_json(bench_run):
+    tmp, run_id, _, _ = bench_run       # random weights: the baseline answers nothing right, so no retention
+    req = write_suite(tmp, "requirements:\n  objective: size\n", name="size.yaml")   # bf16: the smallest, exactly
+    proc = run_cli("recommend", run_id, "--store", tmp / "s.sqlite", "-r", req, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = proc.stdout.splitlines()[1]                 # under the title
+    assert first.startswith("caution: the pick bf16 rests on thin evidence: no accuracy data: accuracy retention "
+                            "cannot be computed for bf16 (the baseline answered no sample correctly)"), proc.stdout
+    assert "grade samples with answers the baseline gets right" in first
+    data = json.loads(run_cli("recommend", run_id, "--store", tmp / "s.sqlite", "-r", req, "--json", cwd=tmp).stdout)
+    assert [c["code"] for c in data["caveats"]] == ["no_accuracy"] and data["lines"][0] == first
+
+
 def test_a_preset_on_the_command_line(bench_run):
     tmp, run_id, _, _ = bench_run
     proc = run_cli("recommend", run_id, "--store", tmp / "s.sqlite", "--preset", "extreme-compression", cwd=tmp)

@@ -9,7 +9,9 @@
 3. when nothing passes, it still answers: the closest variant (the smallest worst miss) and the
    binding constraint (the one most variants miss);
 4. the Pareto front over the suite's dimensions (accuracy, latency, throughput, and memory or size
-   when the requirements speak of them), judged with intervals (advise/pareto.py).
+   when the requirements speak of them), judged with intervals (advise/pareto.py);
+5. when the pick rests on thin evidence (one round, a deciding difference not shown significant, no
+   accuracy data), caveats that lead the lines and say what would settle it (advise/evidence.py).
 Variants that failed to run are listed apart with their reason.
 """
 from __future__ import annotations
@@ -20,12 +22,15 @@ from pathlib import Path
 
 from ..report.format import fmt_value
 from .constraints import FAIL, PASS, UNDECIDED, UNMEASURED, Constraint, Judgement, constraints_of, judge, range_coverage
+from .evidence import Caveat, Decision, caveats
 from .objectives import MetricRef, Scenarios, find_row, metric_ref, objective_weights
 from .pareto import Dimension, better, pareto_front
 from .presets import expand
 
 DEFAULT_OBJECTIVE = "e2el_p95"
 NOT_RUN = "failed to run"
+RETENTION = MetricRef("retention", "accuracy", (("grading", "accuracy_retention", False),), "accuracy retention")
+KLD = MetricRef("kld", "accuracy", (("scoring", "kld_mean", True),), "KLD")
 
 
 @dataclass(frozen=True)
@@ -45,13 +50,18 @@ class Recommendation:
     binding: str | None = None              # the constraint most variants miss, in words
     failed: dict[str, str] = field(default_factory=dict)   # variants that did not run → why
     notes: tuple[str, ...] = ()
+    caveats: tuple[Caveat, ...] = ()        # how thin the evidence under the pick is; they lead the lines
 
     def names(self, verdict: str) -> list[str]:
         return [n for n, v in self.verdicts.items() if v == verdict]
 
     def lines(self) -> list[str]:
-        """The recommendation as the terminal prints it."""
-        out = [f"requirements: {describe_requirements(self)}"]
+        """The recommendation as the terminal prints it; a pick on thin evidence says so first."""
+        out = []
+        if self.caveats:
+            out.append(f"caution: the pick {self.pick} rests on thin evidence: "
+                       + "; ".join(c.text for c in self.caveats))
+        out.append(f"requirements: {describe_requirements(self)}")
         out.append(f"pick: {self.pick} — {self.reason}" if self.pick else f"no pick — {self.reason}")
         if self.names(PASS):
             out.append(f"meet every requirement: {', '.join(self.names(PASS))}")
@@ -75,7 +85,8 @@ class Recommendation:
                 "dimensions": [d.to_json() for d in self.dimensions],
                 "points": {n: {k: list(v) for k, v in p.items()} for n, p in self.points.items()},
                 "front": list(self.front), "pick": self.pick, "reason": self.reason, "closest": self.closest,
-                "binding": self.binding, "failed": self.failed, "notes": list(self.notes), "lines": self.lines()}
+                "binding": self.binding, "failed": self.failed, "notes": list(self.notes),
+                "caveats": [c.to_json() for c in self.caveats], "lines": self.lines()}
 
 
 def describe_requirements(rec: Recommendation) -> str:
@@ -87,9 +98,10 @@ def describe_requirements(rec: Recommendation) -> str:
 
 # ------------------------------------------------------------------ the decision
 
-def recommend(comparison, scenarios: list[dict], requirements) -> Recommendation:
+def recommend(comparison, scenarios: list[dict], requirements, suite_path: str | None = None) -> Recommendation:
     """The recommendation for `comparison` under `requirements` (suite.Requirements; its preset expanded here).
-    `scenarios`: the suite's scenario specs as dicts (type, name), to know which rows are latency and throughput."""
+    `scenarios`: the suite's scenario specs as dicts (type, name), to know which rows are latency and throughput;
+    `suite_path`: the suite file, for the command a caveat names (`variantlab bench SUITE --rounds 5`)."""
     req = expand(requirements)
     where = Scenarios.of(scenarios, req)
     weights = objective_weights(req.objective or DEFAULT_OBJECTIVE)
@@ -108,15 +120,21 @@ def recommend(comparison, scenarios: list[dict], requirements) -> Recommendation
     notes = _notes(constraints, judgements, objective, coverage=range_coverage(req, comparison, where))
     passing = [n for n in ran if verdicts[n] == PASS]
     closest = binding = None
+    thin: tuple[Caveat, ...] = ()
     if passing:
         pick = objective.best(passing)
         reason = _pick_reason(pick, passing, constraints, objective, comparison.baseline)
+        others = [n for n in passing if n != pick]
+        thin = caveats(comparison, Decision(
+            pick, objective.best(others) if others else None, objective.rows,
+            tuple(rows[c.row_key] for c in constraints if c.row_key is not None),
+            find_row(comparison, RETENTION, where)[0], find_row(comparison, KLD, where)[0], suite_path))
     else:
         pick = None
         closest, binding, reason = _nearest(ran, judgements, verdicts, objective, failed)
     return Recommendation(comparison.baseline, req.model_dump(exclude_none=True, exclude={"slo"}), tuple(constraints),
                           judgements, verdicts, weights, tuple(dims), points, front, pick, reason, closest, binding,
-                          failed, tuple(notes))
+                          failed, tuple(notes), thin)
 
 
 def _verdict(judgements) -> str:
@@ -371,7 +389,7 @@ def recommend_stored(store, run_id: str, requirements_path: str | Path | None = 
         requirements = Requirements.model_validate(stored_requirements(suite.get("requirements") or {}))
     if preset is not None:
         requirements = requirements.model_copy(update={"preset": preset})
-    return recommend(comparison, run_scenarios(suite), requirements), comparison, row
+    return recommend(comparison, run_scenarios(suite), requirements, row.suite_path), comparison, row
 
 
 def run_scenarios(suite: dict) -> list[dict]:

@@ -342,7 +342,8 @@ class _Run:
         if suite.requirements.given:
             from ..advise.recommend import recommend
             recommendation = recommend(comparison, [sc.model_dump() for sc in suite.workload.scenarios],
-                                       suite.requirements)
+                                       suite.requirements,
+                                       plan.suite_path if Path(plan.suite_path).is_file() else None)
         result = BenchResult(self.run_id, suite.name, out, self.store_file, self.env, comparison,
                              time.perf_counter() - t0, explanations, explain_notes,
                              {v.name: v.resolved["summary"] for v in plan.variants if v.resolved}, recommendation)
