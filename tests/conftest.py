@@ -8,6 +8,7 @@ the (slow to train) reference weights.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -96,6 +97,31 @@ def switch_off_our_kernels(monkeypatch) -> None:
 def aten_only(monkeypatch):
     """The test runs with our decode kernels switched off (switch_off_our_kernels)."""
     switch_off_our_kernels(monkeypatch)
+
+
+TINY_KERNEL_SOURCE = 'extern "C" int variantlab_test_answer() { return ANSWER; }\n'
+
+
+@pytest.fixture
+def tiny_kernels(monkeypatch, tmp_path):
+    """Our kernels' build path (variants/kernels/_build.py → _cache.py) driven with a one-function C++ library
+    instead of gemv_avx512.cpp, compiled by the real compiler in well under a second and runnable on any
+    CPU: KERNELS swapped, its requirement met, VARIANTLAB_CACHE in the test's folder (its builds land in
+    tmp_path/cache/kernels), this process's status forgotten. Returns the extension."""
+    from variantlab.variants import kernels
+    from variantlab.variants.kernels import _build, _cache
+
+    source = tmp_path / "answer.cpp"
+    source.write_text(TINY_KERNEL_SOURCE)
+    name = "vl_test_" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]   # one per test: a library's
+    ext = _cache.Extension(name, (source,), ("-O2", "-DANSWER=42"),             # file, ninja's target
+                           title="variantlab's CPU kernels", expected_s=35)
+    monkeypatch.setattr(_build, "KERNELS", ext)
+    monkeypatch.setattr(_build, "missing_requirement", lambda: None)
+    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(_build.SWITCH, raising=False)
+    monkeypatch.setattr(kernels, "_status", None)
+    return ext
 
 
 @pytest.fixture

@@ -86,7 +86,8 @@ def _progress_events(progress, task):
                                    highlight=False)
 
     return Events(on_start=on_start, on_job=lambda label: progress.update(task, description=label),
-                  on_progress=on_progress, on_done=on_done)
+                  on_progress=on_progress, on_done=on_done,
+                  on_note=lambda line: progress.console.print(escape(line), highlight=False, soft_wrap=True))
 
 
 def _terminate_as_interrupt() -> None:
@@ -228,7 +229,9 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
         runner = make_executor(executor, address)
         t0 = time.perf_counter()
         with err_console.status("building") as status:
-            results = run_build(plan, out_dir, executor=runner, events=Events(on_job=lambda label: status.update(label)))
+            events = Events(on_job=lambda label: status.update(label),
+                            on_note=lambda line: err_console.print(escape(line), highlight=False, soft_wrap=True))
+            results = run_build(plan, out_dir, executor=runner, events=events)
     except VariantlabError as e:
         _fail(e)
     except KeyboardInterrupt:   # the executor has ended the workers; finished artifacts stay

@@ -72,7 +72,9 @@ def profile_variants(targets: tuple[Target, Target], tracker, samples, *, device
     from ..measure.executor import LocalProcessExecutor
     from ..measure.trackers.profile import ProfileOutput
     from ..measure.wire import MeasureJob, TrackerJob
+    from ..variants import kernels
     executor = executor or LocalProcessExecutor()
+    kernels.prepare(None, device)     # a build of our CPU kernels happens here, not in a profiled worker
     got: dict[str, list] = {t.name: [] for t in targets}
     failures: dict[str, list[str]] = {t.name: [] for t in targets}
     for r in range(rounds):

@@ -219,8 +219,12 @@ def analyse(trackers: Sequence, names: Sequence[str], baseline: str, builds: Seq
             elif once is not None:
                 warnings += t.warnings(n, once)
             if not t.once:   # a scenario that failed in a round; the round's other trackers kept their results
-                warnings += [f"{n}: {outs[t.name].text} (round {r + 1})" for r, outs in sorted(data[n].outputs.items())
-                             if isinstance(outs.get(t.name), Problem)]
+                for r, outs in sorted(data[n].outputs.items()):
+                    out = outs.get(t.name)
+                    if isinstance(out, Problem):
+                        warnings.append(f"{n}: {out.text} (round {r + 1})")
+                    elif out is not None:
+                        warnings += [f"{w} (round {r + 1})" for w in t.warnings(n, out)]
     if ok and max(len(data[n].outputs) for n in ok) == 1:
         warnings.append("one round: timing deltas carry the machine's drift between one variant's process and the "
                         "next, so they get intervals but no verdict (with rounds: 5 they do)")

@@ -57,6 +57,7 @@ class Events:
     on_job: Callable[[str], None] = lambda label: None
     on_progress: Callable[[str, str, float], None] = lambda label, stage, fraction: None
     on_done: Callable[[str, object], None] = lambda label, record: None
+    on_note: Callable[[str], None] | None = None   # a line before the jobs (our kernels being built); None: stderr
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,7 @@ class _Run:
             finished = {(r.variant, r.kind, getattr(r, "round", 0)): r for r in store.records(run_id)}
             self.kept = len(finished)
             self.events.on_start(len(plan.variants) * (1 + plan.rounds) - len(finished))
+            prepare_kernels(plan, self.events)
             builds = self._build_all(finished)
             self._measure_all(builds, finished)
             records = store.records(run_id, "measure")
@@ -443,6 +445,14 @@ def build_task(plan: Plan, v: PlannedVariant, artifact_dir: Path, workdir: Path,
     return Task(label, job, workdir, lambda stage, f: events.on_progress(label, stage, f))
 
 
+def prepare_kernels(plan: Plan, events: Events) -> None:
+    """variantlab's CPU kernels built here, once, before the first worker (which then only loads them), so that
+    no build lands inside a timed stage: when a variant runs on this machine's CPU (variants/kernels.prepare)."""
+    if any(v.definition.endpoint is None for v in plan.variants):
+        from ..variants import kernels
+        kernels.prepare(events.on_note, plan.suite.device)
+
+
 def _device_type(device: str) -> str:
     if device != "auto":
         return device.split(":")[0]
@@ -474,6 +484,7 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
         events.on_done(task.label, record)
 
     try:
+        prepare_kernels(plan, events)
         executor.run_all(tasks, Limits(plan.suite.timeout_s), on_done, on_start=lambda task: events.on_job(task.label))
     except BaseException:   # Ctrl-C: no build outlives the command (finished artifacts stay)
         executor.kill()

@@ -2,7 +2,8 @@
 accuracy floor, measured for the adaptive policy, behind the HTTP API.
 
 `build_server(plan, options)` is what `variantlab serve` runs, and what the bench's server scenario and
-benchmarks/serve_policies.py run in-process:
+benchmarks/serve_policies.py run in-process (first, our CPU kernels are built here, once, when missing:
+variants/kernels.prepare, so that no worker builds them and no calibration times it):
 1. build each chosen variant (`variants.build`, the same call bench and explain use);
 2. the accuracy floor: when the suite's requirements (their preset expanded) set
    min_accuracy_retention or min_task_accuracy, grade every variant and the baseline on the suite's
@@ -142,6 +143,9 @@ def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> Ser
         options = dataclasses.replace(options, ttft_slo_s=ttft_slo(plan.suite))
     if options.devices:
         check_devices(options.devices)
+    from ..variants import kernels
+    for device in dict.fromkeys(options.devices or (options.device,)):
+        kernels.prepare(log, device)   # built once here, before calibration times anything and workers load them
     if options.workers > 1 or options.engine_process:
         return _build_routed(plan, options, log)
     if options.threads:

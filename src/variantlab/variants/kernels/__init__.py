@@ -18,15 +18,19 @@ one file, built on first use by _build.py) read at it.
 Each op equals its reference in packing.py (plain PyTorch, fp32 from the dequantized weight) up to
 fp32 summation order; tests/variants/test_kernels.py checks it on odd shapes. `status()` says
 whether they run here and, if not, why (no AVX-512 BF16/VNNI, no compiler, switched off): callers
-then keep aten, and say so in their notes.
+then keep aten, and say so in their notes. `prepare(say)` is status() for the commands that time
+things: called first, in their own process, it makes the one build there (_cache.py keeps it), so
+that their workers only load it.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 
 from ._build import KernelStatus, load
+from ._cache import to_stderr
 from .packing import pack_int4_bf16, pack_int4_vnni, pack_scales_zeros
 
 MAX_ROWS = 8  # the kernels' M; above it they loop over chunks of 8 rows, re-reading the weight
@@ -53,20 +57,43 @@ def rows_label(op: str) -> str:
     rows = "1 row" if any_k == 1 else f"≤ {any_k} rows"
     return f"{op} at {rows}" + (f" (≤ {small_k} with K ≤ {SMALL_K})" if small_k != any_k else "")
 
-__all__ = ["KernelStatus", "status", "available", "fp32_mm", "bf16_mm", "int8_mm", "int4_mm", "w8a8_mm", "w4a8_mm",
-           "decode_attention", "switched_off", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros", "MAX_ROWS",
-           "OURS_UP_TO", "ours_beats_aten", "rows_label"]
+__all__ = ["KernelStatus", "status", "prepare", "available", "fp32_mm", "bf16_mm", "int8_mm", "int4_mm", "w8a8_mm",
+           "w4a8_mm", "decode_attention", "switched_off", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros",
+           "MAX_ROWS", "OURS_UP_TO", "ours_beats_aten", "rows_label"]
 
 
 _status: KernelStatus | None = None   # a plain global, not functools.cache: torch.compile traces reads of it
 
 
-def status() -> KernelStatus:
-    """Whether our kernels run here (built or loaded on first call, once per process) and, if not, why."""
+def status(say: Callable[[str], None] | None = None, *, retry_failed: bool = True) -> KernelStatus:
+    """Whether our kernels run here (built or loaded on first call, once per process) and, if not, why.
+    `say` hears what a build or a wait for another process's build is doing (default: stderr);
+    `retry_failed` False (a measuring worker): a build that failed before is not tried again."""
     global _status
     if _status is None:
-        _status = load()
+        _status = load(say, retry_failed=retry_failed)
     return _status
+
+
+def prepare(say: Callable[[str], None] | None = None, device: str = "cpu") -> KernelStatus | None:
+    """status(), for a command about to time things on `device` (None off the CPU: nothing to do): a build
+    happens now, in this process, and `say` (default: stderr) hears it, before and after, or the wait for
+    another process's; nothing when the kernels load or cannot run here."""
+    if device.split(":")[0] != "cpu" and (device != "auto" or torch.cuda.is_available()):
+        return None
+    first = _status is None
+    st = status(say)
+    say = say or to_stderr
+    if not first:
+        return st
+    if st.available and st.action != "loaded":
+        again = f" (the build of {', '.join(st.interrupted)} was interrupted)" if st.interrupted else ""
+        say(f"{st.action} variantlab's CPU kernels{again} in {st.load_s:.1f} s; workers load them from {st.library}")
+    elif st.available and st.waited_s:
+        say(f"variantlab's CPU kernels: built by another process (waited {st.waited_s:.0f} s); loaded")
+    elif st.waited_s:
+        say(st.reason)
+    return st
 
 
 @contextlib.contextmanager

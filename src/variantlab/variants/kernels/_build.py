@@ -1,13 +1,17 @@
-"""Compile gemv_avx512.cpp on first use (JIT, cached) or say why it cannot run here.
+"""Compile gemv_avx512.cpp on first use (JIT, cached per build) or say why it cannot run here.
 
 `pip install -e .` stays two commands: nothing is compiled at install. The first `load()` in a
 process checks, in order, that kernels are not switched off (VARIANTLAB_KERNELS=0), that the CPU has
 every instruction set the source is compiled for (a build on a CPU without them would die with an
 illegal instruction, so this is checked before compiling), and that a C++ compiler and ninja exist;
-then torch.utils.cpp_extension.load builds the library into the user's torch extensions folder
-(~/.cache/torch_extensions, or TORCH_EXTENSIONS_DIR) or reuses the build there when the source and
-flags are unchanged (a file lock makes concurrent first uses wait for one build). Any failure leaves
+then _cache.build_or_load loads the library from its keyed folder ($VARIANTLAB_CACHE/kernels or
+~/.cache/variantlab/kernels, one folder per source, flags, torch install and compiler: two installs
+never rebuild over each other), building it there first when none is (a lock whose holder died is
+free at once; a live build is waited for, saying so, up to WAIT_S). Any failure leaves
 `KernelStatus.available` False with the reason, and callers keep aten.
+
+The commands that time things (bench, build, serve, explain) call `kernels.prepare` first, in their
+own process, so the one build happens there and their workers only load it.
 
 The library registers its ops as torch.ops.variantlab_kernels.* (TORCH_LIBRARY, not pybind), with
 fake (meta) implementations registered here, so torch.compile traces through them.
@@ -21,20 +25,36 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from . import _cache
+from ._cache import Extension
+
 SOURCE = Path(__file__).with_name("gemv_avx512.cpp")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni")
-CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni"]
+CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni")
 SWITCH = "VARIANTLAB_KERNELS"  # "0": never compile or use our kernels (aten everywhere)
+KERNELS = Extension("variantlab_kernels", (SOURCE,), CFLAGS, ("-fopenmp",), title="variantlab's CPU kernels",
+                    expected_s=35)
+WAIT_S = _cache.DEFAULT_WAIT_S   # the longest a process waits for another's live build, then runs aten
 
 
 @dataclass(frozen=True)
 class KernelStatus:
     available: bool
     reason: str            # why not, or what was loaded
-    load_s: float = 0.0    # compile (first use) or load time in this process
+    load_s: float = 0.0    # compile (first use) or load time in this process, waiting included
+    action: str = ""       # "loaded", "built" or "rebuilt" (an interrupted build was found); "" when not available
+    library: str = ""      # the library's path
+    waited_s: float = 0.0  # for another process's live build
+    interrupted: tuple[str, ...] = ()   # the interrupted builds found: "pid 123"
+
+    @property
+    def built_here(self) -> bool:
+        """This process compiled the library (or waited for another's build): time no measurement should hold."""
+        return self.action in ("built", "rebuilt") or self.waited_s > 0
 
 
 def cpu_flags() -> set[str]:
@@ -62,27 +82,33 @@ def missing_requirement(flags: set[str] | None = None) -> str | None:
     return None
 
 
-@functools.cache
-def load() -> KernelStatus:
-    """Build or load the library once per process; never raises."""
+def load(say: Callable[[str], None] | None = None, *, retry_failed: bool = True) -> KernelStatus:
+    """Build or load KERNELS (once per process: kernels.status caches it); never raises. `say` hears what a
+    build or a wait is doing (default: stderr); `retry_failed` False: a build that failed before is not
+    tried again (a measuring worker)."""
     reason = missing_requirement()
     if reason:
         return KernelStatus(False, f"our AVX-512 kernels are off: {reason}; aten runs instead")
     t0 = time.perf_counter()
     try:
-        from torch.utils import cpp_extension
-        cpp_extension.load(name="variantlab_kernels", sources=[str(SOURCE)], extra_cflags=CFLAGS,
-                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
-        _register_fakes()
-    except Exception as exc:  # a compiler error, a missing header: fall back, say why
+        got = _cache.build_or_load(KERNELS, None, wait_s=WAIT_S, retry_failed=retry_failed,
+                                   **({"say": say} if say else {}))
+        if KERNELS.name == "variantlab_kernels":   # (the tests build small libraries of their own through here)
+            _register_fakes()
+    except _cache.WaitedTooLong as exc:
+        return KernelStatus(False, f"our AVX-512 kernels are off in this process: {exc}; aten runs instead",
+                            time.perf_counter() - t0, waited_s=time.perf_counter() - t0)
+    except Exception as exc:  # a compiler error, a missing header, an unwritable cache: fall back, say why
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return KernelStatus(False, f"our AVX-512 kernels failed to build ({first}); aten runs instead",
                             time.perf_counter() - t0)
-    return KernelStatus(True, "variantlab AVX-512 decode kernels", time.perf_counter() - t0)
+    return KernelStatus(True, "variantlab AVX-512 decode kernels", time.perf_counter() - t0, got.action,
+                        str(got.library), got.waited_s, got.interrupted)
 
 
+@functools.cache
 def _register_fakes() -> None:
-    """Shapes and dtypes only, for torch.compile / meta tensors."""
+    """Shapes and dtypes only, for torch.compile / meta tensors (once per process)."""
     lib = "variantlab_kernels::"
 
     def plain(x, w, *scales):
