@@ -288,6 +288,69 @@ def test_max_new_tokens_past_a_learned_position_table_is_refused(tmp_path, famil
     assert err.field == "workload.max_new_tokens" and err.accepted == "max_new_tokens up to 127"
 
 
+def prompts_dataset(tmp_path: Path, model_dir: Path, repeats=(1, 6, 3)) -> list[int]:
+    """data.jsonl of prompts of growing length (sample ids p0, p1, …); their token counts, as the model's own
+    tokenizer gives them with its special tokens (what the engine sends)."""
+    from transformers import AutoTokenizer
+    prompts = ["order ORD-5493 is pending. " * k + "Q: What is the status?\nA:" for k in repeats]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": p, "answer": "pending"}) + "\n"
+                                                 for i, p in enumerate(prompts)))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [len(tok(p, add_special_tokens=True).input_ids) for p in prompts]
+
+
+def test_the_datasets_prompts_plus_max_new_tokens_past_a_learned_position_table_are_refused(tmp_path, family_dirs):
+    """Issue 22: max_new_tokens 1,000 after GPT-2 prompts of 66–146 tokens passed planning (1,000 + 1 fits in
+    1,024) and every scenario raised IndexError in the worker. Here: 128 positions."""
+    gpt2 = family_dirs["gpt2"]
+    counts = prompts_dataset(tmp_path, gpt2)
+    longest = max(counts)
+    assert counts.index(longest) == 1 and 40 < longest < 100
+    fits = 128 - longest
+    err = planning_error(write_suite(tmp_path, model=str(gpt2), workload={"dataset": {"path": "data.jsonl"},
+                                                                         "max_new_tokens": fits + 1}))
+    line = err.one_line()
+    assert isinstance(err, SuiteError) and err.field == "workload.max_new_tokens"
+    assert err.accepted == f"max_new_tokens up to {fits}, or prompts of at most {128 - fits - 1} tokens"
+    assert f"of data.jsonl + max_new_tokens {fits + 1}" in line
+    assert f"sample 'p1', is {longest} tokens and needs 129" in line and "has 128: config.json n_positions" in line
+    plan = plan_suite_file(write_suite(tmp_path, model=str(gpt2), workload={"dataset": {"path": "data.jsonl"},
+                                                                           "max_new_tokens": fits}))
+    assert len(plan.samples) == 3
+
+
+def test_a_prompt_that_fills_the_position_table_is_the_datasets_problem(tmp_path, family_dirs):
+    gpt2 = family_dirs["gpt2"]
+    counts = prompts_dataset(tmp_path, gpt2, repeats=(1, 30))
+    assert counts[1] >= 128
+    err = planning_error(write_suite(tmp_path, model=str(gpt2), workload={"dataset": {"path": "data.jsonl"},
+                                                                         "max_new_tokens": 4}))
+    assert isinstance(err, DatasetError) and err.field == "workload.dataset"
+    assert err.accepted == "prompts of at most 124 tokens" and "1 of 2 prompts" in err.one_line()
+
+
+def test_the_generated_dataset_is_named_when_its_prompts_do_not_fit(tmp_path, family_dirs):
+    err = planning_error(write_suite(tmp_path, model=str(family_dirs["gpt2"]), workload={"max_new_tokens": 120}))
+    assert err.field == "workload.max_new_tokens" and "of the structured dataset (n 6, seed 0)" in err.one_line()
+
+
+def test_the_attention_error_check_stops_at_a_learned_position_table_and_says_so(tmp_path, family_dirs):
+    """Issue 22: the check ran at 2,048 tokens on GPT-2 (1,024 positions) and every variant's row was empty
+    (IndexError). Capped at the table (here 128), with the row's note saying why."""
+    plan = plan_suite_file(write_suite(tmp_path, model=str(family_dirs["gpt2"])))
+    stability = next(t for t in plan.trackers if t.name == "stability")
+    assert stability.lengths == (128,)
+    (row,) = stability.metrics()
+    assert row.label == "Attention rel. error vs fp64 @128 tokens"
+    note = row.note(None)
+    assert note.startswith("capped at the model's 128 positions (config.json n_positions: 128")
+    assert note.endswith("measured at 128 tokens, not 512, 2048")
+    assert tracker_from_config("stability", stability.config()) == stability      # crosses to the worker
+    rotary = next(t for t in plan_suite_file(write_suite(tmp_path / "r")).trackers if t.name == "stability")
+    assert rotary.lengths == (512, 2048) and rotary.config() == {"lengths": [512, 2048]}
+    assert rotary.metrics()[0].note(None) is None
+
+
 def test_rotary_models_take_any_length(tmp_path):
     """The reference model (rotary, max_position_embeddings 512) computes positions for any length: the
     shipped examples sweep to 2,048 tokens on it."""

@@ -273,3 +273,60 @@ def test_slower_than_baseline_needs_a_significant_worse_headline_timing():
     assert slower_than_baseline(_comparison_with({"slow": (50.0, 40.0, 60.0, True)}, is_timing=False)) == []
     assert slower_than_baseline(_comparison_with({"slow": (50.0, 40.0, 60.0, True)},
                                                  status={"base": "ok", "slow": "failed"})) == []
+
+
+# --- a learned position table (GPT-2; issue 22) ------------------------------------------------------------
+
+def _gpt2_suite(tmp_path: Path, model_dir: Path, max_new_tokens: int, **extra) -> Path:
+    """A suite over short prompts (a JSONL dataset) on the tiny GPT-2 (128 positions)."""
+    lines = [{"id": f"s{i}", "prompt": f"order ORD-{i} is pending.\nQ: What is the status?\nA:", "answer": "pending"}
+             for i in range(4)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    workload = {"dataset": {"path": "data.jsonl"}, "max_new_tokens": max_new_tokens,
+                "scenarios": [{"type": "single-stream", "requests": 2, "warmup": 0}], "accuracy": {"samples": 2}}
+    return _write_suite(tmp_path, [{"name": "fp32"}], model=str(model_dir), workload=workload, **extra)
+
+
+def test_gpt2_prompts_past_the_table_are_refused_and_the_attention_check_stops_at_it(tmp_path, family_dirs):
+    """Through the CLI: a prompt + max_new_tokens past GPT-2's table is bad input (exit 2, one line, before
+    anything runs); within it the suite runs, and the attention-error row (2,048 tokens by default, which
+    raised IndexError) is measured at the table's length with a note saying so."""
+    refused = _cli("bench", _gpt2_suite(tmp_path, family_dirs["gpt2"], max_new_tokens=120))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "workload.max_new_tokens: 4 of 4 prompts of data.jsonl + max_new_tokens 120" in refused.stderr
+    assert not (tmp_path / "store.sqlite").exists()                       # nothing ran
+    proc = _cli("bench", _gpt2_suite(tmp_path, family_dirs["gpt2"], max_new_tokens=8), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["key"]: r for r in json.loads(proc.stdout)["comparison"]["rows"]}
+    row = rows["stability.attention_error"]
+    assert row["label"] == "Attention rel. error vs fp64 @128 tokens" and row["cells"]["fp32"]["value"] < 1e-5
+    assert row["note"].startswith("capped at the model's 128 positions") and "not 512, 2048" in row["note"]
+
+
+def test_a_variant_whose_every_scenario_raised_fails_and_keeps_its_record(tmp_path, family_dirs):
+    """Issue 22: every scenario of GPT-2 raised IndexError (prompt + max_new_tokens past its table) and the run
+    was stored with `fp32 (ok)`, exit 0. Planning now refuses that suite, so the plan is made within the table
+    and its scenarios then asked to decode 200 tokens: the variant is failed with the first scenario's reason
+    (the CLI exits 1 for it), the run is done, and the stored record keeps what the round did measure."""
+    import dataclasses
+
+    from variantlab.measure.plan import plan_suite_file
+    from variantlab.measure.runner import run_plan
+    from variantlab.measure.scenarios.common import Scenario
+    from variantlab.measure.tracker import WorkloadSettings
+
+    plan = plan_suite_file(_gpt2_suite(tmp_path, family_dirs["gpt2"], max_new_tokens=4))
+    past = WorkloadSettings(max_new_tokens=200, stop=())
+    plan = dataclasses.replace(plan, trackers=tuple(dataclasses.replace(t, workload=past) if isinstance(t, Scenario)
+                                                    else t for t in plan.trackers))
+    result = run_plan(plan)
+    c = result.comparison
+    assert c.status == {"fp32": "failed"}
+    assert c.reasons["fp32"].startswith("every scenario failed; single-stream: IndexError: index out of range")
+    with Store(result.store_path) as store:
+        assert store.run(result.run_id).status == "done"
+        (record,) = store.records(result.run_id, "measure")
+    assert record.status == "failed" and record.ran_once
+    kept = {o.name for o in record.outputs if o.error is None}
+    assert {"cold_start", "memory", "facts", "stability", "grading", "scoring"} <= kept
+    assert record.blobs and (result.output_dir / "report.md").is_file()

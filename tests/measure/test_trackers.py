@@ -111,6 +111,22 @@ def test_stability_measures_the_models_own_attention_at_the_given_lengths(tiny_l
 
 
 @pytest.mark.model
+def test_stability_within_a_learned_position_table_measures_gpt2(family_dirs):
+    """Issue 22: at the default 2,048 tokens GPT-2's check raised IndexError (its table: 1,024; here 128) and
+    the row was empty; capped at the table it measures."""
+    from variantlab.measure.trackers.stability import stability_within
+    from variantlab.models.loading import check_model_dir, load_causal_lm
+    model, tok = load_causal_lm(family_dirs["gpt2"], torch.float32, "cpu")
+    with pytest.raises(IndexError):
+        Stability((64, 512)).run(host(model, tok))
+    tracker = stability_within((64, 512), check_model_dir(family_dirs["gpt2"]).position_limit())
+    assert tracker.lengths == (64, 128) and "not 64, 512" in tracker.capped
+    out = tracker.run(host(model, tok))
+    assert [r.length for r in out.rows] == [64, 128]
+    assert all(r.status == "ok" and r.rel_error < 1e-5 for r in out.rows)   # fp32 against float64
+
+
+@pytest.mark.model
 def test_profile_times_both_phases_and_names_its_operators(tiny_lm):
     from variantlab.explain.categories import CATEGORIES
     from variantlab.measure.trackers.profile import Profile, ProfileOutput, WorkloadSpec

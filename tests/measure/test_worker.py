@@ -128,17 +128,68 @@ def test_a_once_per_variant_check_that_raises_keeps_the_rounds_timing(artifact, 
 
 
 def test_a_scenario_that_raises_keeps_the_rounds_other_trackers(artifact, monkeypatch):
-    """One failing scenario (a length past what the model holds, say) is that scenario's error; the trackers
-    before and after it keep their results (issue 13: the valid results of the variant were lost with it)."""
+    """A failing scenario is that scenario's error; the trackers before and after it keep their results
+    (issue 13: the valid results of the variant were lost with it). Here it is the round's only scenario, so
+    the round measured none of the workload: failed, with its reason (issue 22), its record still whole."""
     scenario = type(TRACKERS[1])
 
     def broken(self, ctx):
         raise IndexError("index out of range in self")
     monkeypatch.setattr(scenario, "run", broken)
     _, (record, _) = measure(artifact, run_once=False)
-    assert record.status == "ok"
+    assert record.status == "failed"
+    assert record.reason.startswith("every scenario failed; single-stream: IndexError: index out of range in self")
     assert record.output("single-stream").error.startswith("IndexError: index out of range in self")
     assert record.output("cold_start").error is None and record.output("memory").error is None
+
+
+@pytest.fixture(scope="module")
+def gpt2_artifact(family_dirs, tmp_path_factory):
+    """An fp32 artifact of the tiny GPT-2 (a learned position table of 128 rows)."""
+    out = tmp_path_factory.mktemp("gpt2-artifact") / "fp32"
+    record, _ = run_job(BuildJob(variant=VariantDefinition("fp32", "fp32").to_json(), source=str(family_dirs["gpt2"]),
+                                 artifact_dir=str(out), device="cpu", threads=1, seed=0))
+    assert record.status == "ok", record.reason
+    return out
+
+
+def measure_gpt2(artifact, *scenarios):
+    """A once round of the tiny GPT-2 whose scenarios decode 200 tokens (no stop string) after the SAMPLES'
+    prompts: past its 128 positions, as max_new_tokens 1,000 was past GPT-2's 1,024 (issue 22)."""
+    past = WorkloadSettings(max_new_tokens=200, stop=())
+    specs = {"single-stream": {"requests": 1, "warmup": 0}, "offline": {"batch_size": 2, "passes": 1, "warmup": 0},
+             "length-sweep": {"lengths": [16], "decode_tokens": 4, "repeats": 1, "warmup": 0}}
+    trackers = (ColdStart(), *(scenario_tracker(SCENARIO_SPECS[k](type=k, **specs[k]), past) for k in scenarios),
+                Memory(), Facts(), Stability((16, 32)))
+    job = MeasureJob(variant=VariantDefinition("fp32", "fp32").to_json(), artifact_dir=str(artifact), round=0,
+                     device="cpu", threads=1, seed=0, samples=SAMPLES,
+                     trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in trackers), run_once=True)
+    return job, run_job(job)
+
+
+def test_a_round_whose_every_scenario_raised_is_failed_and_keeps_what_it_measured(gpt2_artifact):
+    """Issue 22: every scenario raised IndexError (GPT-2, prompt + max_new_tokens past its table) and the round
+    was "ok", so the run read `fp32 (ok)` and exited 0. Now: failed, with the first scenario's reason; the
+    record (stored as it is) keeps the other trackers' results."""
+    job, (record, blobs) = measure_gpt2(gpt2_artifact, "single-stream", "offline")
+    assert record.status == "failed"
+    assert record.reason.startswith("every scenario failed; single-stream: IndexError: index out of range in self")
+    assert [o.name for o in record.outputs] == ["cold_start", "single-stream", "offline", "memory", "facts",
+                                                "stability"]
+    assert all(record.output(n).error.startswith("IndexError") for n in ("single-stream", "offline"))
+    assert all(record.output(n).error is None for n in ("cold_start", "memory", "facts", "stability"))
+    assert record.ran_once and record.kernels
+    again, _ = decode_result(encode_result(record, blobs), job_trackers(job))    # what the executor reads back
+    assert again == record
+
+
+def test_one_scenario_that_ran_keeps_the_round(gpt2_artifact):
+    """A length sweep within the table ran; the single-stream past it raised: the round is "ok" and the
+    single-stream's error is its own (the report warns about it)."""
+    _, (record, _) = measure_gpt2(gpt2_artifact, "single-stream", "length-sweep")
+    assert record.status == "ok" and record.reason is None
+    assert record.output("single-stream").error.startswith("IndexError: index out of range in self")
+    assert record.output("length-sweep").error is None and record.output("length-sweep").data["passes"]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from variantlab.errors import ModelLoadError
-from variantlab.models.loading import (BUILTIN_MODELS, check_model_dir, load_causal_lm,
+from variantlab.models.loading import (BUILTIN_MODELS, check_model_dir, load_causal_lm, prompt_token_counts,
                                        resolve_model_path, tokenizer_fingerprint)
 
 
@@ -184,6 +184,25 @@ def test_load_causal_lm_wraps_failures_in_one_line(model_copy):
     with pytest.raises(ModelLoadError) as info:
         load_causal_lm(model_copy, torch.float32, "cpu")
     assert "\n" not in str(info.value) and str(model_copy) in str(info.value)
+
+
+@pytest.mark.model
+def test_prompt_token_counts_are_what_the_engine_sends(tiny_model_dir, tiny_lm):
+    """Planning's count of a prompt (position limits) is the engine's own encoding of it, BOS included."""
+    from variantlab.backends.torch_engine import TorchEngine
+    engine = TorchEngine(*tiny_lm, "cpu")
+    prompts = ["a: 1\nQ: What is the a?\nA:", "", "order ORD-5493 " * 20]
+    counts = prompt_token_counts(tiny_model_dir, prompts)
+    assert counts == [len(engine.encode(p)) for p in prompts]
+    assert counts[1] == 1 and counts[2] > counts[0]          # the shipped tokenizer adds <s>
+
+
+def test_a_tokenizer_that_does_not_load_is_one_line_naming_the_directory(model_copy):
+    (model_copy / "tokenizer.json").write_text("{broken")
+    with pytest.raises(ModelLoadError) as info:
+        prompt_token_counts(model_copy, ["hello"], file="suite.yaml")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"suite.yaml: model: cannot load the tokenizer of {model_copy}")
 
 
 def test_tokenizer_fingerprint_is_equal_for_copies_and_differs_for_another_tokenizer(

@@ -10,7 +10,8 @@ what a round shares (asv and Google Benchmark interleave for the same reason).
 in one line, so that a variant with two problems (int4 options and a gqa that does not divide the
 heads) is not fixed and rerun twice. Planning imports torch only for a recipe resolved at plan time
 (`recipe: auto`, variants/auto.py: it times this machine's kernels once, then reads them from the
-cache) and for `device: cuda`.
+cache), for `device: cuda`, and for a model whose learned position table bounds the sequence (GPT-2):
+its tokenizer counts the dataset's prompts (`check_positions`), once per checkpoint.
 """
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 from ..data.jsonl import read_jsonl, summarize_skipped
 from ..errors import DatasetError, RecipeError, SuiteError, VariantlabError
 from ..data.structured import generate_samples
-from ..models.loading import ModelDirInfo, check_model_dir, resolve_model_path
+from ..models.loading import ModelDirInfo, check_model_dir, prompt_token_counts, resolve_model_path
 from ..suite import Suite, load_suite
 from ..variants.build import VariantDefinition
 from ..variants.registry import get_recipe, resolve_variant_attention, resolve_variant_recipe
@@ -39,6 +41,7 @@ class PlannedVariant:
     definition: VariantDefinition
     source: Path                      # the checkpoint it is built from
     resolved: dict | None = None      # what a plan-time recipe (auto) chose and why: variants/auto.Resolution
+    position_limit: tuple[int, str] | None = None   # its model's learned position table: (positions, why)
 
     @property
     def name(self) -> str:
@@ -166,10 +169,13 @@ def check_cuda(suite_path: str) -> None:
                                   "machine with a GPU (README)")
 
 
-def check_positions(suite: Suite, info: ModelDirInfo, *, file: str) -> list[VariantlabError]:
+def check_positions(suite: Suite, info: ModelDirInfo, *, file: str, samples: Sequence[dict] = (),
+                    prompt_tokens: Callable[[ModelDirInfo], list[int]] | None = None) -> list[VariantlabError]:
     """Every scenario length (prompt + tokens decoded after it) beyond a learned position table: GPT-2's
-    1,024 positions against a 1,100-token length-sweep prompt raised IndexError in the worker. Models
-    without a table (rotary, ALiBi) compute positions for any length, so nothing is refused for them."""
+    1,024 positions against a 1,100-token length-sweep prompt raised IndexError in the worker; so did the
+    dataset's prompts + max_new_tokens (66–146 + 1,000), which `prompt_tokens(info)` (each sample's prompt
+    in tokens, as the engine sends it) lets this check. Models without a table (rotary, ALiBi) compute
+    positions for any length, so nothing is refused for them (and nothing is tokenized)."""
     limit = info.position_limit()
     if limit is None:
         return []
@@ -189,7 +195,32 @@ def check_positions(suite: Suite, info: ModelDirInfo, *, file: str) -> list[Vari
             f"max_new_tokens {new} after a prompt of one token at least needs {new + 1} positions; {info.path} "
             f"({info.architecture}) has {most}: {why}", file=file, field="workload.max_new_tokens",
             accepted=f"max_new_tokens up to {most - 1}"))
+    elif samples and prompt_tokens is not None:
+        problems.extend(check_prompt_positions(suite, info, samples, prompt_tokens(info), file=file))
     return problems
+
+
+def check_prompt_positions(suite: Suite, info: ModelDirInfo, samples: Sequence[dict], counts: Sequence[int], *,
+                           file: str) -> list[VariantlabError]:
+    """The dataset's longest prompt (`counts`: each sample's, in tokens) + max_new_tokens beyond the model's
+    learned position table: one problem naming that sample, on max_new_tokens when a smaller one would fit,
+    else on the dataset (a prompt that fills the table leaves no room for one token)."""
+    most, why = info.position_limit()
+    new = suite.workload.max_new_tokens
+    longest = max(range(len(counts)), key=counts.__getitem__)
+    n = counts[longest]
+    if n + new <= most:
+        return []
+    ds = suite.workload.dataset
+    name = ds.path if ds.path is not None else f"the {ds.generator} dataset (n {ds.n}, seed {ds.seed})"
+    over = sum(c + new > most for c in counts)
+    detail = (f"{over} of {len(counts)} prompts of {name} + max_new_tokens {new} need more positions than the model "
+              f"has; the longest, sample {samples[longest]['id']!r}, is {n} tokens and needs {n + new}; {info.path} "
+              f"({info.architecture}) has {most}: {why}")
+    if n < most:
+        return [SuiteError(detail, file=file, field="workload.max_new_tokens",
+                           accepted=f"max_new_tokens up to {most - n}, or prompts of at most {most - new} tokens")]
+    return [DatasetError(detail, file=file, field="workload.dataset", accepted=f"prompts of at most {most - new} tokens")]
 
 
 def check_baseline_buildable(suite: Suite, recipe: str, *, file: str, field: str) -> RecipeError | None:
@@ -221,7 +252,8 @@ def one_error(problems: list[VariantlabError], file: str) -> VariantlabError:
 
 
 def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list[dict], suite_path: str,
-                  base_dir: Path, problems: list[VariantlabError]) -> PlannedVariant | None:
+                  base_dir: Path, problems: list[VariantlabError],
+                  prompt_tokens: Callable[[ModelDirInfo], list[int]] | None = None) -> PlannedVariant | None:
     """Variant i resolved and checked; its problems are appended to `problems` (None when it has any)."""
     v, field = suite.variants[i], f"variants[{i}]"
     found = len(problems)
@@ -249,7 +281,7 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
         if (e := check_baseline_buildable(suite, recipe, file=suite_path, field=field)) is not None:
             problems.append(e)
     if info is not None:
-        problems.extend(check_positions(suite, info, file=suite_path))
+        problems.extend(check_positions(suite, info, file=suite_path, samples=samples, prompt_tokens=prompt_tokens))
     if len(problems) > found:
         return None
     compile_, resolved = v.compile, None
@@ -265,7 +297,7 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
         if "compile" not in v.model_fields_set:   # the variant's own compile: wins over the choice
             compile_ = r.compile
     return PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options), compile_),
-                          info.path, resolved)
+                          info.path, resolved, info.position_limit())
 
 
 def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: bool = False) -> Plan:
@@ -280,14 +312,23 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
         base = check_model_dir(base_model, file=suite_path, field="model", trust_remote_code=suite.trust_remote_code)
     samples, warnings = load_dataset(suite.workload.dataset, base_dir, skip_bad_lines=skip_bad_lines)
     problems: list[VariantlabError] = []
-    planned = [_plan_variant(suite, i, base, samples, suite_path, base_dir, problems)
+    counted: dict[Path, list[int]] = {}
+
+    def prompt_tokens(info: ModelDirInfo) -> list[int]:    # each checkpoint's tokenizer counts the prompts once
+        if info.path not in counted:
+            counted[info.path] = prompt_token_counts(info.path, [s["prompt"] for s in samples],
+                                                     trust_remote_code=suite.trust_remote_code, file=suite_path)
+        return counted[info.path]
+    planned = [_plan_variant(suite, i, base, samples, suite_path, base_dir, problems, prompt_tokens)
                for i in range(len(suite.variants))]
     if problems:
         raise one_error(problems, suite_path)
     planned.sort(key=lambda p: p.name != suite.baseline_name)
     calibration, calibration_warnings = _calibration(suite, base_dir, samples, skip_bad_lines)
     texts = tuple(s["prompt"] + " " + s["answer"] for s in calibration[:CALIBRATION_LIMIT])
-    return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(standard_trackers(suite, len(samples))),
+    limits = [p.position_limit for p in planned if p.position_limit is not None]
+    trackers = standard_trackers(suite, len(samples), min(limits, default=None, key=lambda limit: limit[0]))
+    return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(trackers),
                 suite.rounds, warnings + calibration_warnings, skip_bad_lines)
 
 

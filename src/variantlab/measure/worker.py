@@ -10,8 +10,11 @@
   variant's artifact) → compile (when asked) → first token — then hosts the job's trackers in
   order (measure/trackers/): the scenarios and memory, and, in a variant's first good round, the
   once-per-variant ones (facts, attention error, grading, scoring). A tracker that raises is
-  recorded as that tracker's error, and the round's other trackers keep their results. NaN or inf
-  logits (the engine checks each prompt's, scoring each text's) fail the whole measurement.
+  recorded as that tracker's error, and the round's other trackers keep their results. When every
+  scenario raised, the round measured none of the workload: it is "failed", with the first
+  scenario's reason (issue 22: GPT-2's scenarios all raised IndexError and the variant read "ok"),
+  and its record still carries what the other trackers measured. NaN or inf logits (the engine
+  checks each prompt's, scoring each text's) fail the whole measurement.
 Cold start and peak memory are the process's own, so a job needs a process of its own: a Ray task
 that calls `run_job` must not share its worker process with another (max_calls=1).
 A failure is a record too: "unsupported" only when a capability check says the device cannot run
@@ -166,6 +169,7 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         from ..backends.torch_engine import TorchEngine
         from ..environment import torch_fingerprint
         from ..variants import build as variants
+        from .scenarios.common import Scenario
         from .trackers import tracker_from_config
         from .trackers.cold_start import ColdStartOutput
         from .trackers.memory import current_bytes
@@ -199,12 +203,14 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
                                clock="the process's own start (kernel start time, boot clock)",
                                process_start=t_start, kernels_build_s=built_kernels_s)
         host = Host(engine, built, job.samples, device, cold, baseline)
-        results = []
+        results, scenarios = [], []
         with torch.inference_mode():   # the engine then skips its own per-step mode switch (harness overhead)
             for tj in job.trackers:
                 tracker = tracker_from_config(tj.kind, tj.config)
                 if tracker.once and not job.run_once:
                     continue
+                if isinstance(tracker, Scenario):
+                    scenarios.append(tracker.name)
                 try:
                     out = tracker.run(host)
                     nonfinite = getattr(out, "nonfinite", None)   # teacher-forced scoring names where
@@ -225,7 +231,9 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
                                              data=out.model_dump(mode="json")))
         progress("done", 1.0)
         env = torch_fingerprint(device, job.seed)
-        return (MeasurementRecord(variant=name, round=job.round, status="ok", device=device, ran_once=job.run_once,
+        reason = every_scenario_failed(results, scenarios)
+        return (MeasurementRecord(variant=name, round=job.round, status="failed" if reason else "ok",
+                                  reason=reason, device=device, ran_once=job.run_once,
                                   kernels=tuple(built.facts.kernels), notes=tuple(built.facts.notes),
                                   outputs=tuple(results), blobs={k: len(v) for k, v in host.blobs.items()},
                                   environment=env), host.blobs)
@@ -233,6 +241,15 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         if _status_of(e) == "failed":
             traceback.print_exc()
         return MeasurementRecord(variant=name, round=job.round, status=_status_of(e), reason=failure_reason(e)), {}
+
+
+def every_scenario_failed(results, scenarios: list[str]) -> str | None:
+    """The reason a round failed when it hosted scenarios and every one raised: the first one's; else None
+    (one good scenario keeps the round, and the report warns about the others)."""
+    errors = [r for r in results if r.name in scenarios and r.error is not None]
+    if not scenarios or len(errors) < len(scenarios):
+        return None
+    return f"every scenario failed; {errors[0].name}: {errors[0].error}"
 
 
 def run_endpoint_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:

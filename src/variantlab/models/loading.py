@@ -4,7 +4,9 @@
 safetensors headers parse and the files are as long as their headers say, and the checks of
 models/checks.py: no pickle-only weights, no remote code, a tokenizer, shapes that match config.json),
 so a bad path fails fast, with one line, before any variant runs. `load_causal_lm` does the real
-load, from safetensors only and never with the checkpoint's own code.
+load, from safetensors only and never with the checkpoint's own code. `prompt_token_counts` counts a
+dataset's prompts with the directory's tokenizer, as the engine will send them (planning asks, for a
+model whose learned position table bounds the sequence).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import struct
 from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
+from typing import Sequence
 
 from ..errors import ModelLoadError
 from . import checks
@@ -139,6 +142,23 @@ def tokenizer_fingerprint(path: Path) -> str:
         if f.is_file():
             h.update(name.encode() + f.read_bytes())
     return h.hexdigest()[:12]
+
+
+def prompt_token_counts(path: Path, prompts: Sequence[str], *, trust_remote_code: bool = False,
+                        file: str | None = None, field: str = "model") -> list[int]:
+    """How many tokens each prompt takes as the measuring engine sends it: the directory's own tokenizer, with
+    the special tokens it adds (backends/torch_engine.TorchEngine.encode; bench's scenarios apply no chat
+    template). Imports transformers, and with it torch (a few seconds, once per process)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as e:  # transformers raises many types; the user needs the one line
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelLoadError(f"cannot load the tokenizer of {path}: {why}", file=file, field=field,
+                             accepted="a directory whose tokenizer transformers loads (tokenizer.save_pretrained(DIR))"
+                             ) from None
+    return [len(ids) for ids in tok(list(prompts), add_special_tokens=True).input_ids]
 
 
 def load_causal_lm(path: Path, dtype, device: str, *, trust_remote_code: bool = False):

@@ -15,7 +15,7 @@ from .machine import Machine
 from .memory import Memory
 from .profile import Profile
 from .scoring import Scoring
-from .stability import DEFAULT_LENGTHS, Stability
+from .stability import DEFAULT_LENGTHS, Stability, stability_within
 
 TRACKERS = {cls.kind: cls for cls in (*SCENARIOS.values(), ColdStart, Machine, Memory, Facts, Stability, Grading,
                                  Scoring, Profile)}
@@ -30,13 +30,15 @@ def workload_settings(suite) -> WorkloadSettings:
     return WorkloadSettings(w.max_new_tokens, tuple(w.stop), suite.requirements.slo.model_dump())
 
 
-def standard_trackers(suite, n_samples: int) -> list:
-    """The trackers a bench measurement runs, in order (`n_samples`: the dataset's size, as loaded)."""
+def standard_trackers(suite, n_samples: int, position_limit: tuple[int, str] | None = None) -> list:
+    """The trackers a bench measurement runs, in order (`n_samples`: the dataset's size, as loaded;
+    `position_limit`: (positions, why) of the smallest learned position table among the variants' models,
+    which caps the attention-error check's lengths)."""
     w = suite.workload
     settings = workload_settings(suite)
     lengths = sorted({n for s in w.scenarios for n in s.context_lengths()}) or list(DEFAULT_LENGTHS)
     trackers = [ColdStart(), Machine(), *(scenario_tracker(s, settings) for s in w.scenarios), Memory(), Facts(),
-                Stability(tuple(lengths))]
+                stability_within(lengths, position_limit)]
     if w.accuracy.graded != 0:
         graded = n_samples if w.accuracy.graded is None else min(w.accuracy.graded, n_samples)
         trackers.append(Grading(graded, w.accuracy.batch_size, settings))

@@ -1,7 +1,9 @@
 """Attention error: the model's own attention path in its compute dtype against float64.
 
 Measured on the loaded variant (variants/attention_stability.py `model_attention_error`), at the
-lengths the workload reaches (the length sweep's, else 512 and 2048 tokens). A non-finite output or
+lengths the workload reaches (the length sweep's, else 512 and 2048 tokens), none past a learned
+position table: on GPT-2 (1,024 positions) 2,048 tokens raised IndexError and left the row empty, so
+planning caps them at the table (`stability_within`) and the row's note says so. A non-finite output or
 an overflowed linear-attention state is reported as such, never as a number; an error over the
 threshold is flagged and warned about. Deterministic: measured once per variant.
 """
@@ -39,6 +41,7 @@ def _longest(out: StabilityOutput):
 @dataclass(frozen=True)
 class Stability(TrackerBase):
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    capped: str | None = None       # why the lengths stop short of the workload's (the row's note)
     kind = "stability"
     remote_reason = "the attention-error check needs the model's attention modules"
     name = "stability"
@@ -46,15 +49,16 @@ class Stability(TrackerBase):
     output_model = StabilityOutput
 
     def config(self) -> dict:
-        return {"lengths": list(self.lengths)}
+        return {"lengths": list(self.lengths)} | ({"capped": self.capped} if self.capped else {})
 
     @classmethod
     def from_config(cls, config: dict) -> "Stability":
-        return cls(tuple(config.get("lengths") or DEFAULT_LENGTHS))
+        return cls(tuple(config.get("lengths") or DEFAULT_LENGTHS), config.get("capped"))
 
     def metrics(self) -> tuple[MetricDef, ...]:
+        capped = self.capped
         return (MetricDef("attention_error", f"Attention rel. error vs fp64 @{max(self.lengths)} tokens", "rel",
-                          True, "fact", _longest, with_delta=False),)
+                          True, "fact", _longest, with_delta=False, note=lambda out: capped),)
 
     def run(self, ctx) -> StabilityOutput:
         from ...variants.attention_stability import model_attention_error
@@ -67,3 +71,15 @@ class Stability(TrackerBase):
         return [f"{variant}: attention in {r.dtype} at {r.length} tokens is {r.status} (relative error "
                 f"{'not finite' if r.rel_error is None else f'{r.rel_error:.3g}'} against float64)"
                 for r in out.rows if r.status != "ok"]
+
+
+def stability_within(lengths, position_limit: tuple[int, str] | None) -> Stability:
+    """The check at `lengths`, each capped at `position_limit` ((positions, why): a learned position table,
+    models/checks.position_limit) with the note saying so; as asked when nothing is past it."""
+    lengths = tuple(sorted(set(lengths)))
+    if position_limit is None or lengths[-1] <= position_limit[0]:
+        return Stability(lengths)
+    most, why = position_limit
+    kept = tuple(sorted({min(n, most) for n in lengths}))
+    return Stability(kept, f"capped at the model's {most} positions ({why}): measured at "
+                           f"{', '.join(map(str, kept))} tokens, not {', '.join(map(str, lengths))}")
