@@ -116,10 +116,11 @@ def check_artifacts_dir(artifacts_dir: str | Path | None) -> None:
                               accepted="a folder of variant artifacts written by `variantlab build --out DIR`")
 
 
-def machine_warnings(cores: int, machine_cores: int | None = None, load: float | None = None) -> list[str]:
+def machine_warnings(threads: int, machine_cores: int | None = None, load: float | None = None) -> list[str]:
     """Plain-words warnings about the machine before measuring: an oversubscribed CPU. The load average
-    counts every runnable process of the machine, so it is compared with the machine's cores."""
-    machine_cores = machine_cores or os.cpu_count() or cores
+    counts every runnable process of the machine, so it is compared with the machine's cores; `threads` is
+    what each of this run's workers uses (the suite's `threads`)."""
+    machine_cores = machine_cores or os.cpu_count() or threads
     if load is None:
         try:
             load = os.getloadavg()[0]
@@ -127,8 +128,8 @@ def machine_warnings(cores: int, machine_cores: int | None = None, load: float |
             return []
     if load > machine_cores - 0.5:
         return [f"the machine was busy when the run started: load average {load:.1f} on {machine_cores} cores "
-                f"(this run's workers use {cores}); timings carry other jobs' load (rounds spread it over every "
-                "variant; the noise line says how much)"]
+                f"(this run's workers use {threads} thread{'s' if threads != 1 else ''}); timings carry other "
+                "jobs' load (rounds spread it over every variant; the noise line says how much)"]
     return []
 
 
@@ -170,7 +171,7 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
         store.create_run(run_id, suite.model_dump(mode="json"), plan.suite_path, plan.to_json(), env,
                          str(out.resolve()))
         run = _Run(plan, run_id, out, store, store_file, executor or LocalProcessExecutor(), events or Events(),
-                   threads, env, machine_warnings(available_cores()), artifacts_dir)
+                   threads, env, machine_warnings(threads), artifacts_dir)
         return run.carry_out(t0)
 
 
@@ -198,7 +199,7 @@ def resume_run(run_id: str, *, store_path: str | Path | None = None, executor: E
             threads = int(row.environment.get("threads_per_worker") or available_cores())
             store.reopen_run(row.run_id)
             run = _Run(plan, row.run_id, out, store, store_file, executor or LocalProcessExecutor(),
-                       events or Events(), threads, row.environment, machine_warnings(available_cores()), None)
+                       events or Events(), threads, row.environment, machine_warnings(threads), None)
             return run.carry_out(t0, resumed=True)
 
 
