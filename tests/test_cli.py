@@ -189,6 +189,41 @@ def test_runs_lists_a_stored_run(tmp_path):
     assert "20250101-120000-abcd" in proc.stdout and "demo" in proc.stdout
 
 
+def test_runs_never_cuts_the_run_id_at_80_columns(tmp_path):
+    """Issue 22: the run id is what every other verb takes; a long variants list must not squeeze it."""
+    from variantlab.measure.wire import BuildRecord
+    from variantlab.store import Store
+
+    run_id = "20250101-120000-abcd"
+    with Store(tmp_path / "s.sqlite") as store:
+        store.create_run(run_id, {"name": "quickstart-on-the-long-side"}, None, {}, {}, None)
+        for v in ("fp32", "bf16", "int8", "int4-g64", "w8a8-dynamic", "mixed-precision"):
+            store.put_record(run_id, BuildRecord(variant=v, status="ok", artifact_dir=""))
+    proc = subprocess.run([sys.executable, "-m", "variantlab.cli", "runs", "--store", "s.sqlite"], cwd=tmp_path,
+                          env=os.environ | {"COLUMNS": "80", "NO_COLOR": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert run_id in proc.stdout, proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+
+
+def test_bench_help_names_the_ray_extra():
+    proc = subprocess.run([sys.executable, "-m", "variantlab.cli", "bench", "--help"], capture_output=True,
+                          text=True, env=os.environ | {"COLUMNS": "400", "NO_COLOR": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'variantlab[ray]'" in proc.stdout, proc.stdout
+
+
+def test_bench_refused_for_its_store_leaves_no_run_folder(tmp_path):
+    """Issue 22: a store that is not ours is refused before the run folder is made (none is left empty)."""
+    suite = write_suite(tmp_path, "model: builtin:tiny-structured\nvariants: [{name: a}]\n" + TINY_WORKLOAD)
+    (tmp_path / "junk.sqlite").write_bytes(b"this is not SQLite at all" * 10)
+    assert_one_line_error(run_cli("bench", suite, "--store", "junk.sqlite", "-o", "out", cwd=tmp_path),
+                          "junk.sqlite")
+    assert not (tmp_path / "out").exists()
+    assert (tmp_path / "junk.sqlite").read_bytes() == b"this is not SQLite at all" * 10
+
+
 def test_recipes_lists_the_dtype_recipes(tmp_path):
     proc = run_cli("recipes", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -90,6 +90,33 @@ def _progress_events(progress, task):
                   on_note=lambda line: progress.console.print(escape(line), highlight=False, soft_wrap=True))
 
 
+def _plain_events():
+    """runner.Events for a stderr that is not a terminal (a file, a pipe, a CI log), where a live bar would
+    write nothing until the end: one plain line per finished build or measurement, with its status, the time
+    it took (from its start; none for an artifact reused) and how far the run is."""
+    from .measure.runner import Events
+    t0 = time.monotonic()
+    state: dict = {"done": 0, "total": "?", "started": {}}
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def on_start(total: int) -> None:
+        state["total"] = total
+        say(f"{total} builds and measurements to run; a line as each finishes")
+
+    def on_done(label: str, record) -> None:
+        state["done"] += 1
+        started = state["started"].pop(label, None)
+        took = f" in {time.monotonic() - started:.1f} s" if started is not None else ""
+        reason = f": {record.reason}" if record.status != "ok" and record.reason else ""
+        say(f"{label}: {record.status}{took} ({state['done']}/{state['total']} done, "
+            f"{time.monotonic() - t0:.0f} s elapsed){reason}")
+
+    return Events(on_start=on_start, on_job=lambda label: state["started"].__setitem__(label, time.monotonic()),
+                  on_done=on_done)
+
+
 def _terminate_as_interrupt() -> None:
     """SIGTERM ends a run the way Ctrl-C does: its worker ended, the run marked interrupted."""
     import signal
@@ -113,7 +140,7 @@ def bench(suite: Optional[Path] = typer.Argument(None, help="suite file (YAML); 
                                               "first; says which it skipped"),
           as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of a table"),
           executor: str = typer.Option("local", "--executor", help="local: each job in a fresh process here, one at "
-                                       "a time | ray: each job a Ray task (pip install 'variantlab[ray]')"),
+                                       "a time | ray: each job a Ray task (pip install 'variantlab\\[ray]')"),
           address: Optional[str] = typer.Option(None, "--address", help="with --executor ray: the cluster to join "
                                                 "(auto: the one this machine belongs to); default: a local one"),
           resume: Optional[str] = typer.Option(None, "--resume", help="finish run RUN (killed or interrupted): keep "
@@ -141,11 +168,12 @@ def bench(suite: Optional[Path] = typer.Argument(None, help="suite file (YAML); 
             _print_resolved(plan)
             check_artifacts_dir(artifacts)
         runner = make_executor(executor, address)
+        live = err_console.is_terminal      # else (a file, a pipe) one plain line per finished job instead
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err_console,
-                      disable=as_json, transient=False) as progress:
+                      disable=as_json or not live, transient=False) as progress:
             task = progress.add_task("planning", total=None)
-            events = _progress_events(progress, task)
+            events = _progress_events(progress, task) if live else _plain_events()
             if resume is not None:
                 result = resume_run(resume, store_path=store, executor=runner, events=events)
             else:
@@ -391,9 +419,15 @@ def runs(store: Path = typer.Option(Path("variantlab.sqlite"), help="results sto
             rows = s.runs(limit)
     except VariantlabError as e:
         _fail(e)
-    t = Table("run", "created", "suite", "status", "variants")
+    t = Table()
+    # the run id is what every other verb takes: never cut nor folded, however narrow the terminal
+    t.add_column("run", no_wrap=True, min_width=max((len(r.run_id) for r in rows), default=3))
+    t.add_column("created (UTC)", no_wrap=True, min_width=16)
+    for name in ("suite", "status", "variants"):
+        t.add_column(name, overflow="fold")
     for r in rows:
-        t.add_row(r.run_id, r.created, r.suite_name, r.status, ", ".join(f"{n} ({st})" for n, st in r.variants))
+        t.add_row(r.run_id, r.created[:16].replace("T", " "), r.suite_name, r.status,
+                  ", ".join(f"{n} ({st})" for n, st in r.variants))
     console.print(t)
 
 

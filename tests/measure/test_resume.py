@@ -18,7 +18,7 @@ import yaml
 import variantlab
 from variantlab.errors import VariantlabError
 from variantlab.measure.plan import plan_suite_file
-from variantlab.measure.run_lock import run_lock
+from variantlab.measure.run_lock import lock_path, run_lock
 from variantlab.measure.runner import replan
 from variantlab.store import Store
 
@@ -101,6 +101,52 @@ def test_a_run_killed_with_sigkill_leaves_no_worker_and_resume_finishes_it_keepi
 
 @pytest.mark.e2e
 @pytest.mark.slow
+def test_a_live_run_cannot_be_resumed_from_another_working_folder_and_the_refusal_changes_nothing(tmp_path):
+    """Issue 22: a bench in folder A (its store and run folder relative to A); a resume started in folder B naming
+    A's store through a symlinked folder is refused while A lives (A held still with SIGSTOP, so that the store
+    cannot move under the comparison), and A then finishes every record of its own."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (b / "link").symlink_to(a)
+    suite = yaml.safe_load(write_suite(tmp_path, rounds=2).read_text())
+    del suite["output"]                                   # ./variantlab.sqlite and ./runs: relative to A
+    (a / "suite.yaml").write_text(yaml.safe_dump(suite))
+    store = a / "variantlab.sqlite"
+    first = cli("bench", "suite.yaml", cwd=a)
+    deadline = time.monotonic() + 400
+    while measured(store) < 1 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.2)
+    assert first.poll() is None, first.communicate()[1]
+    first.send_signal(signal.SIGSTOP)
+    try:
+        before = rows(store)
+        with Store(store) as s:
+            (run,) = s.runs()
+        assert run.status == "running"
+        second = cli("bench", "--resume", run.run_id, "--store", "link/variantlab.sqlite", cwd=b)
+        _, err = second.communicate(timeout=600)
+        assert second.returncode == 2 and "Traceback" not in err, err
+        assert f"run {run.run_id} is being carried out by a live process (pid {first.pid})" in err
+        assert rows(store) == before                           # no record written, none replaced
+        with Store(store) as s:
+            assert s.run(run.run_id).status == "running"       # not reopened, not marked interrupted
+        assert not (b / "runs").exists()
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    after = rows(store)
+    assert after[:len(before)] == before
+    assert [r[0] for r in after] == list(range(1, len(after) + 1))   # no record id went missing
+    assert sorted((r[1], r[3]) for r in after if r[2] == "measure") == [("base", 0), ("base", 1), ("half", 0),
+                                                                          ("half", 1)]
+    with Store(store) as s:
+        assert s.run(run.run_id).status == "done"
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_two_benches_writing_one_store_at_once_lose_nothing(tmp_path):
     a, b = write_suite(tmp_path, "a", rounds=1), write_suite(tmp_path, "b", rounds=1)
     procs = [cli("bench", a, cwd=tmp_path), cli("bench", b, cwd=tmp_path)]
@@ -134,26 +180,46 @@ def test_the_ray_executor_carries_out_the_local_plan_in_its_order(ray_cluster, t
 
 # ---------------------------------------------------------------- resuming: the checks, in process
 
-def test_a_run_folder_held_by_a_live_process_cannot_be_resumed(tmp_path):
-    with run_lock(tmp_path, "run-1"):
+def test_a_run_held_by_a_live_process_cannot_be_resumed(tmp_path):
+    store = tmp_path / "store.sqlite"
+    with run_lock(store, "run-1"):
         with pytest.raises(VariantlabError) as info:
-            with run_lock(tmp_path, "run-1"):
+            with run_lock(store, "run-1"):
                 pass
+        with run_lock(store, "run-2"):     # another run of the same store is free
+            pass
     text = info.value.one_line()
     assert f"run run-1 is being carried out by a live process (pid {os.getpid()})" in text and "\n" not in text
-    with run_lock(tmp_path, "run-1"):      # released when its holder is done
+    assert str(tmp_path / "store.sqlite.locks" / "run-1.lock") in text
+    with run_lock(store, "run-1"):      # released when its holder is done
         pass
+
+
+def test_the_lock_follows_the_stores_real_path_not_the_path_that_names_it(tmp_path, monkeypatch):
+    """One store named three ways (absolute, relative from another working folder, through a symlinked
+    folder) is one lock."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "link").symlink_to(tmp_path / "a")
+    store = tmp_path / "a" / "store.sqlite"
+    monkeypatch.chdir(tmp_path / "b")
+    with run_lock(store, "run-1"):
+        for other in (Path("../a/store.sqlite"), Path("link/store.sqlite")):
+            assert lock_path(other, "run-1") == lock_path(store, "run-1")
+            with pytest.raises(VariantlabError, match="being carried out by a live process"):
+                with run_lock(other, "run-1"):
+                    pass
 
 
 def test_the_lock_of_a_killed_holder_is_free_at_once(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
                                "from variantlab.measure.run_lock import run_lock\n"
                                "with run_lock(Path(sys.argv[1]), 'r'):\n    print('held', flush=True); time.sleep(60)",
-                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
+                               str(tmp_path / "store.sqlite")], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     holder.kill()
     holder.wait()
-    with run_lock(tmp_path, "r"):
+    with run_lock(tmp_path / "store.sqlite", "r"):
         pass
 
 

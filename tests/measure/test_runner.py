@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -245,6 +246,27 @@ def test_the_machine_warning_compares_the_load_with_the_machines_cores():
     (w,) = machine_warnings(2, machine_cores=2, load=3.4)
     assert "load average 3.4 on 2 cores" in w
     assert machine_warnings(2, machine_cores=64, load=3.4) == []   # a big machine with room to spare
+
+
+def test_with_stderr_in_a_file_bench_writes_a_line_per_finished_job_and_a_busy_warning_counts_its_threads(tmp_path):
+    """Issue 22: stderr redirected to a file gets one plain line per finished build and measurement (a live bar
+    there wrote nothing until the end); and on a busy machine the warning names the suite's `threads: 1`, not the
+    cores the bench may use. The load average is the one input set here (the machine's own load is whatever it is)."""
+    suite = _write_suite(tmp_path, [{"name": "base"}], workload={
+        "dataset": {"generator": "structured", "n": 2, "seed": 0}, "max_new_tokens": 1,
+        "scenarios": [{"type": "single-stream", "requests": 1, "warmup": 0}], "accuracy": {"samples": 0}})
+    busy = ("import os, runpy; os.getloadavg = lambda: (99.0, 99.0, 99.0); "
+            "runpy.run_module('variantlab.cli', run_name='__main__')")
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.run([sys.executable, "-c", busy, "bench", str(suite)], stdout=subprocess.PIPE, stderr=err,
+                              text=True, env=os.environ | {"COLUMNS": "100"}, timeout=600)
+    lines = (tmp_path / "stderr.txt").read_text().splitlines()
+    assert proc.returncode == 0, lines
+    assert lines[0] == "2 builds and measurements to run; a line as each finishes"
+    assert re.fullmatch(r"base · build: ok in [0-9.]+ s \(1/2 done, \d+ s elapsed\)", lines[1]), lines
+    assert re.fullmatch(r"base · round 1/1: ok in [0-9.]+ s \(2/2 done, \d+ s elapsed\)", lines[2]), lines
+    assert len(lines) == 3 and "━" not in "".join(lines)                   # no bar drawn into the file
+    assert "(this run's workers use 1 thread);" in " ".join(proc.stdout.split())
 
 
 # --- explain: true picks the variants slower than the baseline beyond the interval (unit) -----------------

@@ -346,3 +346,23 @@ def test_rounds_and_noise_lines_when_nothing_was_measured():
     c = comparison(status={"fp32": "failed", "bf16": "failed", "int8": "failed"})
     assert rounds_line(c) == "no variant was measured"
     assert noise_line(c, [r for r in c.rows if r.noise is None]) is None
+
+
+def test_the_unstable_mark_has_a_legend_under_the_table_when_a_row_shown_carries_it():
+    """Issue 22: a ⚠ in the table is explained in the lines under it (terminal, report.md and HTML share them);
+    no legend when no row shown carries the mark (the unstable row here is not a headline row)."""
+    shaky = row("single-stream.ttft_p50", "TTFT p50", "s", True, "samples",
+                {"fp32": est(0.002), "bf16": est(0.003, cv=0.5), "int8": est(0.004)}, checks_stability=True,
+                headline=4)
+    hidden = row("single-stream.ttft_p90", "TTFT p90", "s", True, "samples",
+                 {"fp32": est(0.002), "bf16": est(0.003, cv=0.5), "int8": est(0.004)}, checks_stability=True)
+    c = comparison(extra_rows=(shaky,))
+    shown = visible_rows(c, headline_only=True)
+    assert any("⚠" in line for line in render(c))
+    legend = [line for line in status_lines(c, shown, full=False) if line.startswith("⚠")]
+    assert legend == ["⚠: the figure varied over 10% from round to round (across its samples, with one round); "
+                      "its warning below says by how much"]
+    quiet = comparison(extra_rows=(hidden,))
+    assert not any("⚠" in line for line in render(quiet))
+    assert not any("⚠" in line for line in status_lines(quiet, visible_rows(quiet, headline_only=True), full=False))
+    assert any(line.startswith("⚠") for line in status_lines(quiet, visible_rows(quiet), full=True))   # --all

@@ -117,10 +117,11 @@ def check_artifacts_dir(artifacts_dir: str | Path | None) -> None:
                               accepted="a folder of variant artifacts written by `variantlab build --out DIR`")
 
 
-def machine_warnings(cores: int, machine_cores: int | None = None, load: float | None = None) -> list[str]:
+def machine_warnings(threads: int, machine_cores: int | None = None, load: float | None = None) -> list[str]:
     """Plain-words warnings about the machine before measuring: an oversubscribed CPU. The load average
-    counts every runnable process of the machine, so it is compared with the machine's cores."""
-    machine_cores = machine_cores or os.cpu_count() or cores
+    counts every runnable process of the machine, so it is compared with the machine's cores; `threads` is
+    what each of this run's workers uses (the suite's `threads`)."""
+    machine_cores = machine_cores or os.cpu_count() or threads
     if load is None:
         try:
             load = os.getloadavg()[0]
@@ -128,8 +129,8 @@ def machine_warnings(cores: int, machine_cores: int | None = None, load: float |
             return []
     if load > machine_cores - 0.5:
         return [f"the machine was busy when the run started: load average {load:.1f} on {machine_cores} cores "
-                f"(this run's workers use {cores}); timings carry other jobs' load (rounds spread it over every "
-                "variant; the noise line says how much)"]
+                f"(this run's workers use {threads} thread{'s' if threads != 1 else ''}); timings carry other "
+                "jobs' load (rounds spread it over every variant; the noise line says how much)"]
     return []
 
 
@@ -160,15 +161,18 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
     suite = plan.suite
     check_artifacts_dir(artifacts_dir)
     run_id = new_run_id()
-    out = make_folder(Path(output_dir or suite.output.dir) / run_id, "the run folder", "output.dir",
-                      "a writable folder (--output DIR)")
     threads = suite.threads or available_cores()
     env = host_fingerprint() | {"threads_per_worker": threads, "rounds": plan.rounds}
     store_file = Path(store_path or suite.output.store or DEFAULT_STORE)
-    with Store(store_file) as store, run_lock(out, run_id):
-        store.create_run(run_id, suite.model_dump(mode="json"), plan.suite_path, plan.to_json(), env, str(out))
+    # the store is checked before the run folder is made: a refused store leaves no empty folder behind
+    with Store(store_file) as store, run_lock(store_file, run_id):
+        out = make_folder(Path(output_dir or suite.output.dir) / run_id, "the run folder", "output.dir",
+                          "a writable folder (--output DIR)")
+        # stored as an absolute path: a resume started from another folder writes into this same folder
+        store.create_run(run_id, suite.model_dump(mode="json"), plan.suite_path, plan.to_json(), env,
+                         str(out.resolve()))
         run = _Run(plan, run_id, out, store, store_file, executor or LocalProcessExecutor(), events or Events(),
-                   threads, env, machine_warnings(available_cores()), artifacts_dir)
+                   threads, env, machine_warnings(threads), artifacts_dir)
         return run.carry_out(t0)
 
 
@@ -183,18 +187,20 @@ def resume_run(run_id: str, *, store_path: str | Path | None = None, executor: E
         raise StoreError("no results store here", file=str(store_file),
                          accepted="the store the run was written to (--store PATH)")
     with Store(store_file) as store:
-        row = store.run(run_id)
-        if row.status == DONE:
-            raise VariantlabError(f"run {row.run_id} finished; there is nothing to resume", field="--resume",
-                                  accepted="a run whose status is running (its bench was killed) or interrupted "
-                                           "(`variantlab runs` lists them)")
-        plan = replan(row, store_file)
-        out = Path(row.output_dir)
-        with run_lock(make_folder(out, "the run folder", "output.dir", "a writable folder"), row.run_id):
+        run_id = store.run(run_id).run_id      # a prefix made whole: the lock is the run's
+        # the lock first, then the status: read before it, a run whose bench was just finishing would be reopened
+        with run_lock(store_file, run_id):
+            row = store.run(run_id)
+            if row.status == DONE:
+                raise VariantlabError(f"run {row.run_id} finished; there is nothing to resume", field="--resume",
+                                      accepted="a run whose status is running (its bench was killed) or "
+                                               "interrupted (`variantlab runs` lists them)")
+            plan = replan(row, store_file)
+            out = make_folder(Path(row.output_dir), "the run folder", "output.dir", "a writable folder")
+            threads = int(row.environment.get("threads_per_worker") or available_cores())
             store.reopen_run(row.run_id)
             run = _Run(plan, row.run_id, out, store, store_file, executor or LocalProcessExecutor(),
-                       events or Events(), int(row.environment.get("threads_per_worker") or available_cores()),
-                       row.environment, machine_warnings(available_cores()), None)
+                       events or Events(), threads, row.environment, machine_warnings(threads), None)
             return run.carry_out(t0, resumed=True)
 
 

@@ -141,9 +141,19 @@ def noise_line(c: Comparison, rows: list[Row]) -> str | None:
     return f"noise: {c.baseline} varied from round to round by " + ", ".join(noisy)
 
 
+UNSTABLE_LEGEND = ("⚠: the figure varied over 10% from round to round (across its samples, with one round); "
+                   "its warning below says by how much")
+
+
+def unstable_shown(c: Comparison, rows: list[Row]) -> bool:
+    """Whether some cell of `rows` carries the ⚠ mark (fmt_estimate's rule), so that its legend is due."""
+    return any(r.checks_stability and c.status.get(v) == "ok" and e is not None and e.value is not None
+               and e.unstable for r in rows for v, e in r.cells.items())
+
+
 def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True) -> list[str]:
-    """Failed variants with their reasons, the rounds, the noise, where artifacts came from (reused or
-    rebuilt, and why), then (full) builds, warnings and notes."""
+    """Failed variants with their reasons, the rounds, the noise, the ⚠ mark's legend when a row shown
+    carries it, where artifacts came from (reused or rebuilt, and why), then (full) builds, warnings and notes."""
     rows = visible_rows(c) if rows is None else rows
     lines = [f"{v}: {c.status[v]} — {c.reasons.get(v) or 'no reason given'}"
              for v in c.variants if c.status.get(v) != "ok"]
@@ -151,6 +161,8 @@ def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True
     noise = noise_line(c, rows)
     if noise:
         lines.append(noise)
+    if unstable_shown(c, rows):
+        lines.append(UNSTABLE_LEGEND)
     lines += [f"{v}: {b['artifact']}" for v, b in c.builds.items() if b.get("artifact")]
     if full:
         for v, b in c.builds.items():
