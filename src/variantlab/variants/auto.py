@@ -18,18 +18,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ..errors import RecipeError
+from ..spec_model import SpecModel
 
 Timed = Literal["fp32", "bf16", "fp16", "int8", "int4", "w8a8", "w4a8"]
 GROUP_SIZE = 64          # int4 / w4a8 default group size: every in_features must divide by it
 CHARS_PER_TOKEN = 4      # a prompt's tokens where the model has no tokenizer.json (a rule of thumb)
 
 
-class AutoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class AutoOptions(SpecModel):
     candidates: tuple[Timed, ...] | None = Field(None, min_length=1, description="recipes auto may choose "
                                                  "(default: every one timed here)")
     workload: Literal["suite", "decode-heavy", "batch-heavy"] = Field(

@@ -59,9 +59,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from ..errors import RecipeError
+from ..spec_model import SpecModel
 from .quant import _check_group_size, _facts, _kernel_probe, _require_kernel, _targets
 from .calibration import SensitivityProbe, calibration_set
 from .recipe import BuildContext, VariantFacts, cast_parameters, weight_facts
@@ -70,9 +71,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _MODULES = {4: "Int4WeightOnly", 8: "Int8WeightOnly"}  # 16: the nn.Linear itself
 
 
-class MixedOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class MixedOptions(SpecModel):
     max_kld: float = Field(0.01, gt=0, description="budget: mean KL(original ‖ mixed) on calibration text, nats")
     group_size: Literal[32, 64, 128] = 64  # of the int4 layers
     pad_to_group: bool = False  # zero-pad in_features up to a multiple of group_size where it does not divide

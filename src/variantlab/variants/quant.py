@@ -24,18 +24,15 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from ..errors import RecipeError, UnsupportedOnHardware
+from ..spec_model import SpecModel
 from .recipe import VariantFacts, cast_parameters, resident_bytes, weight_facts
 
 GROUP_SIZES = (32, 64, 128)
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-class QuantOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class QuantOptions(SpecModel):
     compute_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     dequant: Literal["kernel", "python"] = "kernel"
     quantize_embeddings: bool = False   # true: the input embedding table in int8, one scale per row
