@@ -54,7 +54,8 @@ class Plan:
     calibration_texts: tuple[str, ...]
     trackers: tuple
     rounds: int
-    warnings: tuple[str, ...] = ()           # said before measuring: the JSONL lines --skip-bad-lines skipped
+    warnings: tuple[str, ...] = ()           # said before measuring: the JSONL lines --skip-bad-lines skipped,
+                                             # what a recipe's check of config.json found (mixed: no int4 for …)
     skip_bad_lines: bool = False             # how its datasets were read (a resumed run reads them alike)
 
     @property
@@ -220,9 +221,21 @@ def one_error(problems: list[VariantlabError], file: str) -> VariantlabError:
     return err
 
 
+def check_recipe_config(recipe: str, options: dict, info: ModelDirInfo, name: str, *, file: str,
+                        field: str) -> tuple[str, ...]:
+    """A recipe's own check of its options against the checkpoint's config.json (no torch; a group size that
+    divides no layer width is refused here, not when the variant is built); returns what to say before
+    measuring. Recipes without such a check (`check_config`) pass."""
+    check = getattr(get_recipe(recipe), "check_config", None)
+    if check is None or not info.config:
+        return ()
+    return tuple(check(options, info.config, variant=name, file=file, field=field))
+
+
 def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list[dict], suite_path: str,
-                  base_dir: Path, problems: list[VariantlabError]) -> PlannedVariant | None:
-    """Variant i resolved and checked; its problems are appended to `problems` (None when it has any)."""
+                  base_dir: Path, problems: list[VariantlabError], warnings: list[str]) -> PlannedVariant | None:
+    """Variant i resolved and checked; its problems are appended to `problems` (None when it has any), what
+    to say before measuring to `warnings`."""
     v, field = suite.variants[i], f"variants[{i}]"
     found = len(problems)
     if v.endpoint is not None:   # measured as it serves: nothing to build or check here
@@ -250,14 +263,20 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
             problems.append(e)
     if info is not None:
         problems.extend(check_positions(suite, info, file=suite_path))
+    resolve = getattr(get_recipe(recipe), "resolve", None) if recipe is not None else None  # chosen at plan time (auto)
+    if recipe is not None and info is not None and resolve is None:
+        try:
+            warnings.extend(check_recipe_config(recipe, options, info, v.name, file=suite_path, field=field))
+        except VariantlabError as e:
+            problems.append(e)
     if len(problems) > found:
         return None
     compile_, resolved = v.compile, None
-    resolve = getattr(get_recipe(recipe), "resolve", None)   # a recipe chosen at plan time (auto)
     if resolve is not None:
         try:
             r = resolve(options, suite=suite, samples=samples, config=info.config, model_dir=info.path,
                         file=suite_path, field=field)
+            warnings.extend(check_recipe_config(r.recipe, r.options, info, v.name, file=suite_path, field=field))
         except VariantlabError as e:
             problems.append(e)
             return None
@@ -280,7 +299,8 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
         base = check_model_dir(base_model, file=suite_path, field="model", trust_remote_code=suite.trust_remote_code)
     samples, warnings = load_dataset(suite.workload.dataset, base_dir, skip_bad_lines=skip_bad_lines)
     problems: list[VariantlabError] = []
-    planned = [_plan_variant(suite, i, base, samples, suite_path, base_dir, problems)
+    recipe_warnings: list[str] = []
+    planned = [_plan_variant(suite, i, base, samples, suite_path, base_dir, problems, recipe_warnings)
                for i in range(len(suite.variants))]
     if problems:
         raise one_error(problems, suite_path)
@@ -288,7 +308,7 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
     calibration, calibration_warnings = _calibration(suite, base_dir, samples, skip_bad_lines)
     texts = tuple(s["prompt"] + " " + s["answer"] for s in calibration[:CALIBRATION_LIMIT])
     return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(standard_trackers(suite, len(samples))),
-                suite.rounds, warnings + calibration_warnings, skip_bad_lines)
+                suite.rounds, warnings + tuple(recipe_warnings) + calibration_warnings, skip_bad_lines)
 
 
 def plan_suite_file(suite_path: str | Path, skip_bad_lines: bool = False) -> Plan:
