@@ -72,6 +72,14 @@ def test_bench_wrong_type(tmp_path):
     assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", "threads", "'two'")
 
 
+def test_bench_rounds_true_is_a_type_error_before_anything_runs(tmp_path):
+    """Issue 22: `rounds: true` was read as 1 and a full bench started."""
+    suite = write_suite(tmp_path, "model: builtin:tiny-structured\nvariants: [{name: a}]\nrounds: true\n")
+    line = assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", "rounds",
+                                 "not a boolean", "an integer from 1 to 1000")
+    assert "got true" in line and not (tmp_path / "runs").exists() and not (tmp_path / "variantlab.sqlite").exists()
+
+
 def test_bench_missing_model_directory(tmp_path):
     suite = write_suite(tmp_path, "model: ./no-such-model\nvariants: [{name: a}]\n" + TINY_WORKLOAD)
     assert_one_line_error(run_cli("bench", suite, cwd=tmp_path), "suite.yaml", ": model: ", "no-such-model",

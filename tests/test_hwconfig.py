@@ -279,3 +279,27 @@ def test_kernel_times_measured_on_a_busy_machine_say_so():
     notes = hardware_config(cpu(SPR), None, busy, DECODE_HEAVY).notes
     assert any("busy machine (load average 5.0 on 2 threads)" in n for n in notes)
     assert not hardware_config(cpu(SPR), None, kernel_times(), DECODE_HEAVY).notes
+
+
+def test_auto_leaves_int4_out_where_the_group_does_not_divide_a_layer_config_json_names(recorded_machine, tmp_path,
+                                                                                         tiny_model_dir):
+    """hidden 64 and intermediate 128 divide by 64, but o_proj takes 4 heads × head_dim 24 = 96: auto read only
+    hidden and intermediate, chose int4, and planning (or the build) then refused it (issue 22)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from variantlab.measure.plan import plan_suite_file
+    model_dir = tmp_path / "model"
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=4, head_dim=24,
+                                 max_position_embeddings=128)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    extra = "    options: {workload: decode-heavy, candidates: [int4, int8]}"
+    v = plan_suite_file(write_suite(tmp_path, extra=extra, model=str(model_dir))).variant("auto")
+    assert v.definition.recipe == "int8"
+    notes = " ".join(v.resolved["config"]["notes"])
+    assert "int4 and w4a8 left out: group size 64 does not divide in_features 96 (self_attn.o_proj)" in notes
+    decides = plan_suite_file(write_suite(tmp_path, extra=extra)).variant("auto")      # the reference model: 128 wide
+    assert decides.definition.recipe == "int4"

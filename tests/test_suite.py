@@ -416,3 +416,147 @@ def test_a_dataset_path_with_a_nul_byte_is_a_one_line_error(tmp_path):
     from variantlab.measure.plan import plan_suite_file
     with pytest.raises(DatasetError, match="cannot read file"):
         plan_suite_file(write(tmp_path, MINIMAL + 'workload: {dataset: {path: "a\\0b"}}\n'))
+
+
+# --------------------------------------------------------------------------- a boolean is not a number (issue 22)
+
+@pytest.mark.parametrize("extra, field, accepted", [
+    ("rounds: true\n", "rounds", "an integer from 1 to 1000"),           # ran one round of a full bench
+    ("timeout_s: true\n", "timeout_s", "a finite number above 0 and at most 604800"),
+    ("threads: false\n", "threads", "an integer from 1 to 4096"),
+    ("seed: false\n", "seed", "an integer from"),
+    ("workload: {max_new_tokens: true}\n", "workload.max_new_tokens", "an integer from 1 to 131072"),
+    ("workload: {dataset: {generator: structured, n: true}}\n", "workload.dataset.n", "an integer from 1 to 100000"),
+    ("workload: {accuracy: {graded: true}}\n", "workload.accuracy.graded", "an integer from 0 to 100000"),
+    ("workload: {scenarios: [{type: offline, batch_size: true}]}\n", "workload.scenarios[0].batch_size",
+     "an integer from 1 to 1024"),
+    ("workload: {scenarios: [{type: server, rate: true}]}\n", "workload.scenarios[0].rate", None),
+    ("requirements: {slo: {ttft_s: true}}\n", "requirements.slo.ttft_s", "a finite number above 0"),
+    ("requirements: {min_task_accuracy: true}\n", "requirements.min_task_accuracy", "a finite number from 0 to 1"),
+    ("requirements: {sequence_length: {max: true}}\n", "requirements.sequence_length.max", "an integer from 1"),
+])
+def test_a_boolean_where_a_number_belongs_is_a_type_error(tmp_path, extra, field, accepted):
+    """pydantic's lax mode read `true` as 1: `rounds: true` started a full bench of one round."""
+    err = suite_error(write(tmp_path, MINIMAL + extra))
+    assert err.field == field, str(err)
+    assert "Input should be a number, not a boolean, got " in str(err), str(err)
+    if accepted:
+        assert f"(accepted: {accepted}" in str(err), str(err)
+
+
+@pytest.mark.parametrize("extra, field, where", [
+    ("requirements: {max_e2el_s: {p95: true}}\n", "requirements.max_e2el_s", "p95"),     # was a 1-second limit
+    ("requirements: {objective: {throughput: true, size: 1}}\n", "requirements.objective", "throughput"),
+    ("workload: {scenarios: [{type: length-sweep, lengths: [128, true]}]}\n", "workload.scenarios[0].lengths", "[1]"),
+    ("workload: {scenarios: [{type: server, rates: [true]}]}\n", "workload.scenarios[0].rates", "[0]"),
+])
+def test_a_boolean_inside_a_list_or_a_map_of_numbers_names_where(tmp_path, extra, field, where):
+    err = suite_error(write(tmp_path, MINIMAL + extra))
+    assert err.field == field and f"not a boolean (at {where})" in str(err), str(err)
+
+
+def _numeric_fields(model, prefix=()):
+    """(path, a value holding a bool where the field wants a number) for every number-typed field reachable from
+    `model` (nested models, their lists and optionals), found from the annotations alone."""
+    import typing
+    from typing import Annotated, Literal, Union
+
+    from pydantic import BaseModel
+
+    def members(a):
+        if typing.get_origin(a) is Annotated:
+            return members(typing.get_args(a)[0])
+        if typing.get_origin(a) in (Union, __import__("types").UnionType):
+            return [m for x in typing.get_args(a) for m in members(x)]
+        return [a]
+
+    for name, f in model.model_fields.items():
+        for m in members(f.annotation):
+            origin, args = typing.get_origin(m), typing.get_args(m)
+            if m in (int, float):
+                yield prefix + (name,), True
+            elif origin is dict and args[1] in (int, float):
+                key = typing.get_args(args[0])[0] if typing.get_origin(args[0]) is Literal else "throughput"
+                yield prefix + (name,), {key: True}
+            elif origin in (list, tuple) and args and set(members(args[0])) & {int, float}:
+                yield prefix + (name,), [True]
+            elif isinstance(m, type) and issubclass(m, BaseModel):
+                yield from _numeric_fields(m, prefix + (name,))
+            elif origin is list and args:
+                for inner in members(args[0]):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        yield from _numeric_fields(inner, prefix + (name, inner))
+
+
+def test_every_number_field_of_the_suite_refuses_a_boolean():
+    """The rule is model-wide (spec_model.SpecModel): no field of the suite, a scenario's included, reads `true`
+    as a number. The fields are found from the models' annotations, so a field added later is covered too."""
+    from variantlab.suite import Suite
+
+    cases = list(_numeric_fields(Suite))
+    assert len(cases) > 40 and any(p[-1] == "rounds" for p, _ in cases)
+    for path, value in cases:
+        doc: dict = {"model": "x", "variants": [{"name": "a"}]}
+        node = doc
+        for part in path[:-1]:
+            if isinstance(part, type):    # a scenario spec, inside workload.scenarios
+                node = node.setdefault("scenarios", [{"type": part.model_fields["type"].annotation.__args__[0]}])[0]
+                continue
+            if part == "scenarios":
+                continue
+            node = node.setdefault(part, {} if part != "variants" else [{"name": "a"}])
+            node = node[0] if isinstance(node, list) else node
+        node[path[-1]] = value
+        with pytest.raises(SuiteError, match="not a boolean") as caught:
+            parse_suite(doc, "suite.yaml")
+        assert caught.value.field.replace("[0]", "").split(".")[-1] == path[-1], (path, str(caught.value))
+
+
+def test_the_json_schema_and_validation_agree_on_booleans(tmp_path):
+    """JSON Schema's integer and number exclude booleans: the exported schema refused `rounds: true` all along,
+    and now validation does too."""
+    import jsonschema
+    import yaml
+
+    schema = suite_json_schema()
+    for extra in ("rounds: true\n", "timeout_s: false\n", "requirements: {max_e2el_s: {p95: true}}\n"):
+        doc = yaml.safe_load(MINIMAL + extra)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, schema)
+        with pytest.raises(SuiteError, match="not a boolean"):
+            parse_suite(doc, "suite.yaml")
+
+
+def test_numbers_written_as_yaml_writes_them_still_load(tmp_path):
+    """Only booleans are refused: an int where a float belongs, a quoted number, and 1e3 (YAML 1.1 reads it
+    as the string '1e3') load as before; so do true/false where a boolean belongs."""
+    suite = load_suite(write(tmp_path, MINIMAL + "timeout_s: 1e3\nrounds: '3'\nexplain: true\n"
+                                                  "trust_remote_code: false\n"
+                                                  "requirements: {max_e2el_s: {p95: 1}, min_goodput: 2,"
+                                                  " objective: {throughput: 1, size: 0.5}}\n"))
+    assert suite.timeout_s == 1000.0 and suite.rounds == 3 and suite.explain is True
+    assert suite.requirements.max_e2el_s == {"p95": 1.0} and suite.requirements.min_goodput == 2.0
+    assert suite.requirements.objective == {"throughput": 1.0, "size": 0.5}
+    with_variant = load_suite(write(tmp_path, "model: x\nvariants: [{name: a, compile: true, recipe: int4, "
+                                              "options: {pad_to_group: true}}]\n"))
+    assert with_variant.variants[0].compile is True
+
+
+def test_every_number_option_of_every_recipe_and_of_attention_refuses_a_boolean():
+    from variantlab.errors import RecipeError
+    from variantlab.variants.attention import AttentionOptions, parse_attention_options
+    from variantlab.variants.registry import RECIPES, parse_options
+
+    checked = []
+    for recipe in RECIPES.values():
+        for path, value in _numeric_fields(recipe.options_model):
+            with pytest.raises(RecipeError, match=f"not a boolean.* for option '{path[-1]}' of recipe"):
+                parse_options(recipe, {path[-1]: value})
+            checked.append((recipe.name, path[-1]))
+    assert ("mixed", "max_kld") in checked and ("mixed", "calibration_samples") in checked
+    for path, value in _numeric_fields(AttentionOptions):
+        with pytest.raises(RecipeError, match=f"not a boolean for attention option '{path[-1]}'"):
+            parse_attention_options({path[-1]: value})
+        checked.append(("attention", path[-1]))
+    assert ("attention", "linear_chunk") in checked
+    assert parse_options(RECIPES["int4"], {"pad_to_group": True, "quantize_lm_head": False}).pad_to_group

@@ -55,7 +55,8 @@ def _print_comparison(comparison, title: str, all_rows: bool) -> None:
 
 
 def _print_plan_warnings(plan) -> None:
-    """What planning let through but the user should know before measuring: the lines --skip-bad-lines skipped."""
+    """What planning let through but the user should know before measuring: the lines --skip-bad-lines skipped,
+    the layers a recipe cannot quantize as asked (mixed: those int4 cannot hold)."""
     for line in plan.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 

@@ -20,16 +20,17 @@ from .measure.limits import ACCEPTED_SIZE, parse_size
 from .measure.scenarios import SCENARIO_SPECS
 from .sizes import (MAX_BATCH, MAX_DURATION_S, MAX_SAMPLES, MAX_STOP_STRINGS, MAX_THREADS, MAX_TIMEOUT_S,
                     MAX_TOKENS, SEED_MAX, SEED_MIN)
+from .spec_model import BOOL_FOR_NUMBER, SpecModel
 
 
 DEFAULT_ROUNDS = 5
 RESERVED_NAMES = ("cold_start", "memory", "facts", "stability", "grading", "scoring")
 
 
-class _Frozen(BaseModel):
+class _Frozen(SpecModel):
     # allow_inf_nan=False: `timeout_s: .inf` or `ttft_s: .nan` is a typo, not a limit (nan passed `gt=0` checks
     # by failing every comparison). Every size-like field has an upper bound: sizes.py says why each.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 class DatasetSpec(_Frozen):
@@ -411,8 +412,10 @@ def _suite_error(e: ValidationError, file: str) -> SuiteError:
 
 def _shown(value: Any, limit: int = 60) -> str:
     """A bad value as the error quotes it: its repr, cut to `limit` characters (a 5,000-digit int has no repr
-    at all: Python refuses to convert it, ValueError)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
+    at all: Python refuses to convert it, ValueError); a boolean as YAML writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"     # as the YAML says it, not Python's True
+    if isinstance(value, int) and abs(value) >= 10**limit:
         return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 1] + "…"
@@ -464,8 +467,9 @@ def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     return model
 
 
-# pydantic's error types (their prefixes) for a number out of its range or not a (finite) number at all
-NUMBER_ERRORS = ("greater_than", "less_than", "finite_number", "int_", "float_")
+# pydantic's error types (their prefixes) for a number out of its range or not a (finite) number at all, and ours
+# for a boolean where a number belongs (spec_model.py)
+NUMBER_ERRORS = ("greater_than", "less_than", "finite_number", "int_", "float_", BOOL_FOR_NUMBER)
 
 
 def _range_at(loc: tuple) -> str | None:

@@ -404,3 +404,75 @@ def test_a_baseline_the_device_cannot_build_is_a_planning_error(tmp_path):
     plan = plan_suite_file(suite_with(tmp_path, [{"name": "fp32"}, {"name": "sparse", "recipe": "sparse"}],
                                       device="cpu"))
     assert plan.variant("sparse").definition.recipe == "sparse"
+
+
+# ---------------------------------------------------------------- group sizes, from config.json (issue 22)
+
+def test_a_group_size_that_divides_no_layer_width_is_refused_while_planning(tmp_path, qwen2_688_dir):
+    """Qwen2-style intermediate 688 with group_size 64 was found only when the variant was built."""
+    path = suite_with(tmp_path, [{"name": "base"}, {"name": "q4", "recipe": "int4", "options": {"group_size": 64}}],
+                      model=str(qwen2_688_dir))
+    err = planning_error(path)
+    line = err.one_line()
+    assert isinstance(err, RecipeError) and err.field == "variants[1].options.group_size", line
+    assert "variant 'q4': group_size 64 does not divide in_features 688 (mlp.down_proj)" in line
+    assert "Qwen2ForCausalLM" in line and "config.json" in line
+    assert err.accepted.startswith("pad_to_group: true")
+    assert "none of 32 | 64 | 128 divides every in_features (64, 688)" in line
+    padded = suite_with(tmp_path, [{"name": "base"}, {"name": "q4", "recipe": "int4",
+                                                      "options": {"group_size": 64, "pad_to_group": True}}],
+                        model=str(qwen2_688_dir))
+    assert plan_suite_file(padded).variant("q4").definition.options == {"group_size": 64, "pad_to_group": True}
+
+
+@pytest.mark.parametrize("variant", [{"recipe": "w4a8"}, {"recipe": "int4", "options": {"group_size": 128}},
+                                     {"weight_dtype": "int4", "activation_dtype": "bf16"}])
+def test_every_group_wise_recipe_and_vocabulary_is_checked(tmp_path, qwen2_688_dir, variant):
+    err = planning_error(suite_with(tmp_path, [{"name": "base"}, {"name": "q", **variant}],
+                                    model=str(qwen2_688_dir)))
+    assert err.field == "variants[1].options.group_size" and "688 (mlp.down_proj)" in err.one_line()
+
+
+def test_the_refusal_lists_the_group_sizes_that_divide_every_width(tmp_path, tiny_model_dir):
+    """The conftest Llama is 32 wide (intermediate 64): 64 divides its MLP's down_proj, not the rest."""
+    err = planning_error(suite_with(tmp_path, [{"name": "base"}, {"name": "q4", "recipe": "w4a8"}],
+                                    model=str(tiny_model_dir)))
+    line = err.one_line()
+    assert "group_size 64 does not divide in_features 32 (self_attn.q_proj, self_attn.k_proj" in line, line
+    assert "mlp.down_proj" not in line.split("(accepted")[0]
+    assert err.accepted == "group_size 32 for this model, or pad_to_group: true"
+    plan = plan_suite_file(suite_with(tmp_path, [{"name": "base"}, {"name": "q4", "recipe": "w4a8",
+                                                                    "options": {"group_size": 32}}],
+                                      model=str(tiny_model_dir)))
+    assert plan.variant("q4").definition.recipe == "w4a8"
+
+
+def test_a_group_size_problem_is_reported_with_the_variants_other_problems(tmp_path, tiny_model_dir):
+    path = suite_with(tmp_path, [{"name": "base"}, {"name": "q4", "recipe": "int4", "attention": "gqa:3"}],
+                      model=str(tiny_model_dir))
+    err = planning_error(path)
+    assert [p.field for p in err.problems] == ["variants[1].attention", "variants[1].options.group_size"]
+
+
+def test_an_architecture_whose_layer_shapes_are_unknown_is_not_refused(tmp_path, qwen2_688_dir):
+    """No table entry, no refusal: the build says what it finds (a wrong refusal is worse than none)."""
+    other = shutil.copytree(qwen2_688_dir, tmp_path / "other")
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(cfg | {"architectures": ["SomeNewForCausalLM"]}))
+    plan = plan_suite_file(suite_with(tmp_path, [{"name": "base"}, {"name": "q4", "recipe": "int4"}],
+                                      model=str(other)))
+    assert plan.variant("q4").definition.recipe == "int4"
+
+
+def test_mixed_is_not_refused_and_says_before_measuring_which_layers_stay_wider(tmp_path, qwen2_688_dir):
+    path = suite_with(tmp_path, [{"name": "base"}, {"name": "m", "recipe": "mixed"}], model=str(qwen2_688_dir))
+    plan = plan_suite_file(path)
+    assert plan.variant("m").definition.recipe == "mixed"
+    [warning] = [w for w in plan.warnings if "variant 'm'" in w]
+    assert warning.startswith("variants[1].options.group_size: variant 'm': group_size 64 does not divide "
+                              "in_features 688 of mlp.down_proj in each layer of Qwen2ForCausalLM")
+    assert "8 or 16 bits, never 4" in warning and "pad_to_group: true" in warning
+    quiet = plan_suite_file(suite_with(tmp_path, [{"name": "base"}, {"name": "m", "recipe": "mixed",
+                                                                     "options": {"pad_to_group": True}}],
+                                       model=str(qwen2_688_dir)))
+    assert not quiet.warnings

@@ -97,6 +97,19 @@ def test_prediction_is_the_longest_prefix_within_budget():
     assert mixed.predicted_prefix(steps8, SENS, (8, 4), 0.06) == 1
 
 
+def test_a_layer_with_its_own_ladder_walks_only_its_rungs():
+    """A layer int4 cannot hold (its in_features not a multiple of group_size) walks 16 → 8 only."""
+    ladders = {"a": (16, 8, 4), "b": (16, 8), "c": (16, 8, 4)}
+    steps = mixed.order_steps(SENS, BYTES, ladders)
+    assert [(s.layer, s.src, s.dst) for s in steps] == [
+        ("a", 16, 8), ("b", 16, 8), ("c", 16, 8), ("c", 8, 4), ("a", 8, 4)]
+    assert mixed.predicted_prefix(steps, SENS, ladders, 1.0) == 5
+    at_8 = mixed.order_steps(SENS, BYTES, {"a": (8, 4), "b": (8,), "c": (8, 4)})   # candidates [8, 4]; b stays
+    assert [(s.layer, s.dst) for s in at_8] == [("c", 4), ("a", 4)]
+    assert mixed.predicted_prefix(at_8, SENS, {"a": (8, 4), "b": (8,), "c": (8, 4)}, 0.0529) == 0   # 0.053 at 8
+    assert mixed.predicted_prefix(at_8, SENS, {"a": (8, 4), "b": (8,), "c": (8, 4)}, 0.0631) == 1
+
+
 def _measure(kld_of):
     """A fake model over 168 steps (a 150M-parameter Llama's count): measure(k) = kld_of(k), counted."""
     calls = []
@@ -394,3 +407,46 @@ def test_meets_its_budget_on_the_reference_model_for_several_budgets():
         assert facts.extra["search"]["passes"] <= math.ceil(math.log2(56 + 1))
     bits = [facts.bits_per_weight for _, facts in results.values()]
     assert bits == sorted(bits, reverse=True) and bits[0] > bits[-1]
+
+
+# --- a width the group size does not divide (issue 22) ---------------------------------------------
+
+QWEN_FAST = {"calibration_samples": 4, "sensitivity_samples": 2, "max_calibration_tokens": 24, "max_kld": 1e9}
+DOWN = ("model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("candidates, down_bits", [([4, 8, 16], 8), ([4], 8), ([4, 16], 16)])
+def test_layers_int4_cannot_hold_stay_wider_and_the_facts_say_so(qwen2_688_dir, candidates, down_bits):
+    """Qwen2-style intermediate 688 with group_size 64: the whole variant failed at build time; now down_proj
+    keeps its next-widest candidate (8 bits, or 8 when 4 was the only one), every other layer is free to reach 4
+    (here: all of them, under a budget nothing exceeds), and the notes and extra say which and why."""
+    from variantlab.models.loading import load_causal_lm
+    opts = parse_options(RECIPE, {**QWEN_FAST, "candidates": candidates})    # group_size: the default 64
+    model, _ = load_causal_lm(qwen2_688_dir, RECIPE.load_dtype(opts), "cpu")
+    facts = RECIPE.apply(model, opts, "cpu")
+    plan = facts.extra["plan"]
+    assert {n: b for n, b in plan.items() if n in DOWN} == dict.fromkeys(DOWN, down_bits)
+    assert set(b for n, b in plan.items() if n not in DOWN) == {4} and len(plan) == 14
+    kinds = {4: ql.Int4WeightOnly, 8: ql.Int8WeightOnly, 16: nn.Linear}
+    assert all(type(model.get_submodule(n)) is kinds[b] for n, b in plan.items())
+    assert facts.extra["no_int4"] == dict.fromkeys(DOWN, 688)
+    assert all("4" not in facts.extra["sensitivities"][n] for n in DOWN)
+    assert facts.extra["bits_histogram"][str(down_bits)] == 2
+    [note] = [n for n in facts.notes if "does not divide" in n]
+    rungs = {8: "8 bits", 16: "16 bits"}[down_bits] if len(candidates) < 3 else "8 or 16 bits"
+    assert note.startswith(f"group_size 64 does not divide in_features 688 of {DOWN[0]}, {DOWN[1]}: int4 cannot "
+                           f"hold them, so they take {rungs}, never 4"), note
+    assert "pad_to_group: true" in note
+    with torch.inference_mode():
+        assert torch.isfinite(model(torch.tensor([[5, 6, 7, 8]])).logits).all()
+
+
+@pytest.mark.model
+def test_pad_to_group_lets_those_layers_take_4_bits(qwen2_688_dir):
+    from variantlab.models.loading import load_causal_lm
+    opts = parse_options(RECIPE, {**QWEN_FAST, "pad_to_group": True})
+    model, _ = load_causal_lm(qwen2_688_dir, RECIPE.load_dtype(opts), "cpu")
+    facts = RECIPE.apply(model, opts, "cpu")
+    assert set(facts.extra["plan"].values()) == {4} and facts.extra["no_int4"] == {}
+    assert not any("does not divide" in n for n in facts.notes)

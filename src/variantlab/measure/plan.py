@@ -57,7 +57,8 @@ class Plan:
     calibration_texts: tuple[str, ...]
     trackers: tuple
     rounds: int
-    warnings: tuple[str, ...] = ()           # said before measuring: the JSONL lines --skip-bad-lines skipped
+    warnings: tuple[str, ...] = ()           # said before measuring: the JSONL lines --skip-bad-lines skipped,
+                                             # what a recipe's check of config.json found (mixed: no int4 for …)
     skip_bad_lines: bool = False             # how its datasets were read (a resumed run reads them alike)
 
     @property
@@ -251,10 +252,22 @@ def one_error(problems: list[VariantlabError], file: str) -> VariantlabError:
     return err
 
 
+def check_recipe_config(recipe: str, options: dict, info: ModelDirInfo, name: str, *, file: str,
+                        field: str) -> tuple[str, ...]:
+    """A recipe's own check of its options against the checkpoint's config.json (no torch; a group size that
+    divides no layer width is refused here, not when the variant is built); returns what to say before
+    measuring. Recipes without such a check (`check_config`) pass."""
+    check = getattr(get_recipe(recipe), "check_config", None)
+    if check is None or not info.config:
+        return ()
+    return tuple(check(options, info.config, variant=name, file=file, field=field))
+
+
 def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list[dict], suite_path: str,
-                  base_dir: Path, problems: list[VariantlabError],
+                  base_dir: Path, problems: list[VariantlabError], warnings: list[str],
                   prompt_tokens: Callable[[ModelDirInfo], list[int]] | None = None) -> PlannedVariant | None:
-    """Variant i resolved and checked; its problems are appended to `problems` (None when it has any)."""
+    """Variant i resolved and checked; its problems are appended to `problems` (None when it has any), what
+    to say before measuring to `warnings`."""
     v, field = suite.variants[i], f"variants[{i}]"
     found = len(problems)
     if v.endpoint is not None:   # measured as it serves: nothing to build or check here
@@ -282,14 +295,20 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
             problems.append(e)
     if info is not None:
         problems.extend(check_positions(suite, info, file=suite_path, samples=samples, prompt_tokens=prompt_tokens))
+    resolve = getattr(get_recipe(recipe), "resolve", None) if recipe is not None else None  # chosen at plan time (auto)
+    if recipe is not None and info is not None and resolve is None:
+        try:
+            warnings.extend(check_recipe_config(recipe, options, info, v.name, file=suite_path, field=field))
+        except VariantlabError as e:
+            problems.append(e)
     if len(problems) > found:
         return None
     compile_, resolved = v.compile, None
-    resolve = getattr(get_recipe(recipe), "resolve", None)   # a recipe chosen at plan time (auto)
     if resolve is not None:
         try:
             r = resolve(options, suite=suite, samples=samples, config=info.config, model_dir=info.path,
                         file=suite_path, field=field)
+            warnings.extend(check_recipe_config(r.recipe, r.options, info, v.name, file=suite_path, field=field))
         except VariantlabError as e:
             problems.append(e)
             return None
@@ -312,6 +331,7 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
         base = check_model_dir(base_model, file=suite_path, field="model", trust_remote_code=suite.trust_remote_code)
     samples, warnings = load_dataset(suite.workload.dataset, base_dir, skip_bad_lines=skip_bad_lines)
     problems: list[VariantlabError] = []
+    recipe_warnings: list[str] = []
     counted: dict[Path, list[int]] = {}
 
     def prompt_tokens(info: ModelDirInfo) -> list[int]:    # each checkpoint's tokenizer counts the prompts once
@@ -319,7 +339,7 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
             counted[info.path] = prompt_token_counts(info.path, [s["prompt"] for s in samples],
                                                      trust_remote_code=suite.trust_remote_code, file=suite_path)
         return counted[info.path]
-    planned = [_plan_variant(suite, i, base, samples, suite_path, base_dir, problems, prompt_tokens)
+    planned = [_plan_variant(suite, i, base, samples, suite_path, base_dir, problems, recipe_warnings, prompt_tokens)
                for i in range(len(suite.variants))]
     if problems:
         raise one_error(problems, suite_path)
@@ -329,7 +349,7 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
     limits = [p.position_limit for p in planned if p.position_limit is not None]
     trackers = standard_trackers(suite, len(samples), min(limits, default=None, key=lambda limit: limit[0]))
     return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(trackers),
-                suite.rounds, warnings + calibration_warnings, skip_bad_lines)
+                suite.rounds, warnings + tuple(recipe_warnings) + calibration_warnings, skip_bad_lines)
 
 
 def plan_suite_file(suite_path: str | Path, skip_bad_lines: bool = False) -> Plan:

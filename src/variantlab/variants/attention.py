@@ -40,9 +40,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from ..errors import RecipeError
+from ..spec_model import SpecModel
 
 ACCEPTED = "sdpa | gqa:<kv_heads> | linear | sliding:<window>"
 
@@ -123,9 +124,7 @@ class AttentionSpec:
         return self.kind if arg is None else f"{self.kind}:{arg}"
 
 
-class AttentionOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class AttentionOptions(SpecModel):
     linear_state_dtype: Literal["fp32", "model"] = Field(
         "fp32", description="linear: accumulate the state in fp32, or in the model's dtype (shows the instability)")
     linear_chunk: int = Field(64, ge=1, le=4096, description="linear: tokens per chunk of the parallel prefill form")

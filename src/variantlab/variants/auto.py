@@ -18,18 +18,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ..errors import RecipeError
+from ..spec_model import SpecModel
+from .linear_widths import by_width, quantized_in_features, undivided
 
 Timed = Literal["fp32", "bf16", "fp16", "int8", "int4", "w8a8", "w4a8"]
 GROUP_SIZE = 64          # int4 / w4a8 default group size: every in_features must divide by it
 CHARS_PER_TOKEN = 4      # a prompt's tokens where the model has no tokenizer.json (a rule of thumb)
 
 
-class AutoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class AutoOptions(SpecModel):
     candidates: tuple[Timed, ...] | None = Field(None, min_length=1, description="recipes auto may choose "
                                                  "(default: every one timed here)")
     workload: Literal["suite", "decode-heavy", "batch-heavy"] = Field(
@@ -72,6 +72,15 @@ def model_shape(config: dict) -> tuple[tuple[int, int], int] | None:
     inter = config.get("intermediate_size") or config.get("n_inner") or 4 * h
     vocab = config.get("vocab_size") or 0
     return (h, inter), layers * (4 * h * h + 3 * h * inter) + h * vocab
+
+
+def undivided_by_group(config: dict, hidden: int, intermediate: int) -> str:
+    """The in_features GROUP_SIZE does not divide, with their layers ('688 (mlp.down_proj)'); '' when it divides
+    all. Exact for the families linear_widths.py knows; else hidden and intermediate stand for every layer."""
+    widths = quantized_in_features(config, lm_head=False)
+    if widths is None:
+        widths = {"hidden": hidden, "intermediate": intermediate}
+    return by_width(undivided(widths, GROUP_SIZE))
 
 
 def suite_workload(suite, samples, config: dict, model_dir: Path | None = None):
@@ -144,12 +153,11 @@ class AutoRecipe:
         if shape is not None:
             (h, inter), params = shape
             workload = replace(workload, layers=params / (h * inter))
-            if h % GROUP_SIZE or inter % GROUP_SIZE:
+            if bad := undivided_by_group(config, h, inter):
                 grouped = ("int4", "w4a8")
                 candidates = tuple(c for c in (candidates or ("fp32", "bf16", "fp16", "int8", "w8a8"))
                                    if c not in grouped)
-                notes.append(f"int4 and w4a8 left out: group size {GROUP_SIZE} does not divide hidden {h} "
-                             f"and intermediate {inter}")
+                notes.append(f"int4 and w4a8 left out: group size {GROUP_SIZE} does not divide in_features {bad}")
         else:
             notes.append("the model's config.json gives no hidden size or layer count: timed at 1024→1024")
         cfg = machine_config(workload, device=_device(suite.device), shape=shape[0] if shape else None,

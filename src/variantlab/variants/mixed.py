@@ -33,7 +33,9 @@ Algorithm:
 3. Order: every layer starts at the widest candidate; a step lowers one layer one rung (16→8,
    8→4). Steps are ordered greedily, cheapest first, by KLD added (sensitivity increase, ≥ 0) per
    byte saved; a layer's next step becomes available once its previous one is taken. The order
-   does not depend on the budget.
+   does not depend on the budget. A layer whose in_features `group_size` does not divide (Qwen2's
+   688-wide down_proj at 64), without `pad_to_group`, has no 4-bit rung: it walks the other
+   candidates (8 when 4 was the only one), and the notes and `extra["no_int4"]` name it.
 4. Search (about log2(steps + 1) full passes): bisect over the prefix length k of that order;
    measure the KLD of the whole model with the first k steps taken; it fits → k is confirmed and
    the search goes longer, else shorter. The model returned is the longest confirmed prefix,
@@ -59,10 +61,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from ..errors import RecipeError
-from .quant import _check_group_size, _facts, _kernel_probe, _require_kernel, _targets
+from ..spec_model import SpecModel
+from .linear_widths import architecture, quantized_in_features, undivided
+from .quant import _facts, _features, _kernel_probe, _require_kernel, _targets
 from .calibration import SensitivityProbe, calibration_set
 from .recipe import BuildContext, VariantFacts, cast_parameters, weight_facts
 
@@ -70,9 +74,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _MODULES = {4: "Int4WeightOnly", 8: "Int8WeightOnly"}  # 16: the nn.Linear itself
 
 
-class MixedOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class MixedOptions(SpecModel):
     max_kld: float = Field(0.01, gt=0, description="budget: mean KL(original ‖ mixed) on calibration text, nats")
     group_size: Literal[32, 64, 128] = 64  # of the int4 layers
     pad_to_group: bool = False  # zero-pad in_features up to a multiple of group_size where it does not divide
@@ -135,7 +137,8 @@ class MixedRecipe:
         dtype = self.load_dtype(options)
         cast_parameters(model, dtype)  # the reference: the model as the bf16/fp16 recipe builds it
         targets, kept = _targets(model, self.name, quantize_lm_head=False)
-        self._check(targets, options, device)
+        ladders, no4 = _ladders(targets, options)
+        self._check(ladders, options, device)
         parameters = weight_facts(model)[0]
         calib = calibration_set(model, context or BuildContext(), samples=options.calibration_samples,
                                 max_tokens=options.max_calibration_tokens,
@@ -147,14 +150,14 @@ class MixedRecipe:
         with torch.no_grad():
             probe = SensitivityProbe(model, layers, calib.batches, calib.sensitivity_batches)
             t_capture = clock()
-            sens, nbytes = _sensitivities(model, layers, build, probe.sensitivity, options.candidates)
+            sens, nbytes = _sensitivities(model, layers, build, probe.sensitivity, ladders)
             probe.release_activations()
             t_sens = clock()
-            steps = order_steps(sens, nbytes, options.candidates)
+            steps = order_steps(sens, nbytes, ladders)
             plan = {name: 16 for name in layers}  # what the model holds now: the original
 
             def take(k: int) -> None:  # the model with the first k steps taken
-                bits = {name: widest for name in layers}
+                bits = {name: ladders[name][0] for name in layers}
                 for s in steps[:k]:
                     bits[s.layer] = s.dst
                 for name, b in bits.items():
@@ -166,36 +169,52 @@ class MixedRecipe:
                 take(k)
                 return probe.kld()
 
-            at_zero = 0.0 if widest == 16 else None  # prefix 0 is then the original itself
+            at_zero = 0.0 if all(r[0] == 16 for r in ladders.values()) else None  # prefix 0: the original
             taken, measured, probes = bisect_prefix(len(steps), options.max_kld, measure, at_zero)
             take(taken)  # the state measured last may be a longer prefix that did not fit
         if not measured <= options.max_kld:
+            at = f"{widest} bits" + (f" ({len(no4)} at 8: int4 cannot hold them)" if widest == 4 and no4 else "")
             raise RecipeError(f"mixed cannot meet max_kld {options.max_kld:g}: with every layer at "
-                              f"{widest} bits the measured KLD is {measured:.3g}",
+                              f"{at} the measured KLD is {measured:.3g}",
                               field="max_kld", accepted="a larger max_kld, or 16 among candidates")
         end = clock()
-        search = {"steps": len(steps), "predicted": predicted_prefix(steps, sens, options.candidates, options.max_kld),
+        search = {"steps": len(steps), "predicted": predicted_prefix(steps, sens, ladders, options.max_kld),
                   "taken": taken, "passes": len(probes), "probes": [list(p) for p in probes]}
         cost = {"passes": 1 + len(probes), "suffix_runs": probe.runs, "suffix_layers": probe.layers_run,
                 "decoder_layers": len(probe.stack), "capture_seconds": t_capture - start,
                 "sensitivity_seconds": t_sens - t_capture, "search_seconds": end - t_sens}
-        return self._facts(model, options, parameters, kept, plan, sens, measured, search, calib, cost, end - start)
+        return self._facts(model, options, parameters, kept, plan, sens, measured, search, calib, cost, end - start,
+                           ladders, no4)
 
-    def _check(self, targets, options: MixedOptions, device: str) -> None:
-        if 4 in options.candidates and not options.pad_to_group:
-            _check_group_size(targets, options.group_size)
+    def check_config(self, options: dict, config: dict, *, variant: str, file: str | None = None,
+                     field: str | None = None) -> tuple[str, ...]:
+        """Planning's look at config.json (no torch): nothing refused; the layers int4 cannot hold are said
+        before measuring (linear_widths.py; nothing where the architecture's layer shapes are not known)."""
+        opts = self.options_model.model_validate(options)
+        widths = quantized_in_features(config, lm_head=False)
+        if widths is None or 4 not in opts.candidates or opts.pad_to_group:
+            return ()
+        bad = undivided(widths, opts.group_size)
+        if not bad:
+            return ()
+        at = f"{field}.options.group_size: " if field else ""
+        return (f"{at}variant '{variant}': {_no4_note(bad, opts, f' in each layer of {architecture(config)}')}",)
+
+    def _check(self, ladders: dict[str, tuple[int, ...]], options: MixedOptions, device: str) -> None:
         if options.dequant == "kernel":
-            for bits in options.candidates:
+            for bits in sorted({b for rungs in ladders.values() for b in rungs}):
                 if bits in _MODULES:
                     _require_kernel(_MODULES[bits], device, options.compute_dtype,
                                     options.group_size if bits == 4 else 0)
 
-    def _facts(self, model, options, parameters, kept, plan, sens, measured, search, calib, cost, seconds):
+    def _facts(self, model, options, parameters, kept, plan, sens, measured, search, calib, cost, seconds,
+               ladders, no4):
         from . import quant_linear as ql
 
         swapped = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
         facts = _facts(self, model, options, parameters, swapped, [], False)
-        counts = {str(b): sum(v == b for v in plan.values()) for b in options.candidates}
+        counts = {str(b): sum(v == b for v in plan.values())
+                  for b in sorted({b for rungs in ladders.values() for b in rungs}, reverse=True)}
         samples = sum(b.samples for b in calib.batches)
         positions = sum(b.positions for b in calib.batches)
         notes = list(facts.notes)
@@ -208,7 +227,9 @@ class MixedRecipe:
                          f"generator (seed {options.calibration_seed}), not on this suite's workload")
         if kept:
             notes.append(f"kept in {options.compute_dtype}: {', '.join(kept)} (the LM head), as the embeddings")
-        extra = dict(facts.extra, plan=dict(plan), bits_histogram=counts,
+        if no4:
+            notes.append(_no4_note(no4, options))
+        extra = dict(facts.extra, plan=dict(plan), bits_histogram=counts, no_int4=dict(no4),
                      sensitivities={n: {str(b): v for b, v in s.items()} for n, s in sens.items()},
                      final_kld=measured, max_kld=options.max_kld, search=search, cost=cost,
                      calibration_source=calib.source, calibration_samples=samples,
@@ -219,39 +240,70 @@ class MixedRecipe:
         return replace(facts, notes=tuple(notes), extra=extra)
 
 
+def _ladders(targets, options: MixedOptions) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """Each layer's rungs, widest first, and {layer: in_features} of those int4 cannot hold: `group_size` does
+    not divide their in_features (and pad_to_group is off). Those walk the candidates without 4, or stay at
+    8 bits when 4 was the only candidate: one layer's width does not fail the whole variant."""
+    no4 = {} if 4 not in options.candidates or options.pad_to_group else {
+        name: _features(m)[0] for name, m in targets if _features(m)[0] % options.group_size}
+    return {name: _without_4(options) if name in no4 else options.candidates for name, _ in targets}, no4
+
+
+def _without_4(options: MixedOptions) -> tuple[int, ...]:
+    return tuple(b for b in options.candidates if b != 4) or (8,)
+
+
+def _no4_note(no4: dict[str, int], options: MixedOptions, where: str = "") -> str:
+    """Which layers int4 cannot hold, why, what they take instead and how to let them take 4 bits. `where`
+    follows the layers' names (' in each layer of Qwen2ForCausalLM')."""
+    names = list(no4)
+    shown = ", ".join(names[:4]) + (f", … ({len(names)} layers)" if len(names) > 4 else "") + where
+    widths = ", ".join(map(str, sorted(set(no4.values()))))
+    rungs = " or ".join(map(str, sorted(_without_4(options))))
+    return (f"group_size {options.group_size} does not divide in_features {widths} of {shown}: int4 cannot hold "
+            f"{'them' if len(names) > 1 else 'it'}, so {'they take' if len(names) > 1 else 'it takes'} {rungs} "
+            f"bits, never 4 (pad_to_group: true zero-pads in_features to a multiple of the group so that 4 bits fit)")
+
+
+def _rungs(ladders, layer: str) -> tuple[int, ...]:
+    """A layer's rungs: `ladders` is one tuple for every layer, or {layer: its tuple}."""
+    return ladders[layer] if isinstance(ladders, dict) else ladders
+
+
 # --- the greedy order, the prediction and the search (no model) --------------------------------
 
 def order_steps(sens: dict[str, dict[int, float]], nbytes: dict[str, dict[int, int]],
-                candidates: tuple[int, ...]) -> list[Step]:
+                ladders: tuple[int, ...] | dict[str, tuple[int, ...]]) -> list[Step]:
     """Every one-rung lowering of every layer, cheapest KLD per byte saved first (see the module docstring).
 
     sens[layer][bits] is the measured KLD with that layer alone at `bits` (0 at 16);
-    nbytes[layer][bits] its stored bytes. A layer's step to rung i+1 is offered after its step to rung i.
+    nbytes[layer][bits] its stored bytes; `ladders` the rungs, widest first, of every layer or of each.
+    A layer's step to rung i+1 is offered after its step to rung i.
     """
     def step(layer: str, rung: int) -> Step:
-        src, dst = candidates[rung], candidates[rung + 1]
+        src, dst = _rungs(ladders, layer)[rung], _rungs(ladders, layer)[rung + 1]
         return Step(layer, src, dst, max(_cost(sens, layer, dst) - _cost(sens, layer, src), 0.0),
                     nbytes[layer][src] - nbytes[layer][dst])
 
     def key(s: Step, rung: int):
         return (s.kld / max(s.saved, 1), -s.saved, s.layer, rung)
 
-    heap = [(key(s, 0), s, 0) for s in (step(layer, 0) for layer in sens)] if len(candidates) > 1 else []
+    heap = [(key(s, 0), s, 0) for s in (step(layer, 0) for layer in sens if len(_rungs(ladders, layer)) > 1)]
     heapq.heapify(heap)
     order = []
     while heap:
         _, s, rung = heapq.heappop(heap)
         order.append(s)
-        if rung + 2 < len(candidates):
+        if rung + 2 < len(_rungs(ladders, s.layer)):
             nxt = step(s.layer, rung + 1)
             heapq.heappush(heap, (key(nxt, rung + 1), nxt, rung + 1))
     return order
 
 
-def predicted_prefix(steps: list[Step], sens: dict[str, dict[int, float]], candidates: tuple[int, ...],
-                     max_kld: float) -> int:
+def predicted_prefix(steps: list[Step], sens: dict[str, dict[int, float]],
+                     ladders: tuple[int, ...] | dict[str, tuple[int, ...]], max_kld: float) -> int:
     """How many steps would fit if KLD added over layers (reported beside the measured answer)."""
-    total = sum(_cost(sens, layer, candidates[0]) for layer in sens)
+    total = sum(_cost(sens, layer, _rungs(ladders, layer)[0]) for layer in sens)
     taken = 0
     for s in steps:
         total += s.kld
@@ -306,14 +358,14 @@ def _state_bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
 
-def _sensitivities(model, layers, build, kld, candidates):
+def _sensitivities(model, layers, build, kld, ladders):
     """({layer: {bits: KLD with that layer alone at bits}}, {layer: {bits: stored bytes}}).
 
     `kld(name)` measures the model as it is now, knowing that only `name` differs from the original."""
     sens, nbytes = {}, {}
     for name, linear in layers.items():
         sens[name], nbytes[name] = {}, {16: _state_bytes(linear)}
-        for bits in candidates:
+        for bits in _rungs(ladders, name):
             if bits == 16:
                 continue
             q = build(name, bits)

@@ -24,18 +24,16 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from ..errors import RecipeError, UnsupportedOnHardware
+from ..spec_model import SpecModel
+from .linear_widths import architecture, by_width, quantized_in_features, undivided
 from .recipe import VariantFacts, cast_parameters, resident_bytes, weight_facts
 
 GROUP_SIZES = (32, 64, 128)
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-class QuantOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class QuantOptions(SpecModel):
     compute_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     dequant: Literal["kernel", "python"] = "kernel"
     quantize_embeddings: bool = False   # true: the input embedding table in int8, one scale per row
@@ -72,6 +70,16 @@ class QuantRecipe:
 
     def unsupported_reason(self, device: str) -> str | None:
         return self.device_reason(device) or _kernel_probe(self.module, device, "bf16", 64 if self.grouped else 0)
+
+    def check_config(self, options: dict, config: dict, *, variant: str, file: str | None = None,
+                     field: str | None = None) -> tuple[str, ...]:
+        """Planning's check of the options against the checkpoint's config.json (no torch): raises RecipeError
+        for what cannot be built; returns what to say before measuring (nothing, here)."""
+        if self.grouped:
+            opts = self.options_model.model_validate(options)
+            check_group_size_for(config, opts, lm_head=opts.quantize_lm_head, variant=variant, file=file,
+                                 field=f"{field}.options.group_size" if field else "group_size")
+        return ()
 
     def load_dtype(self, options):
         import torch
@@ -169,16 +177,32 @@ def _check_group_size(targets, group_size: int) -> None:
     bad = [(n, _features(m)[0]) for n, m in targets if _features(m)[0] % group_size]
     if not bad:
         return
-    widths = sorted({_features(m)[0] for _, m in targets})
-    fits = [g for g in GROUP_SIZES if all(k % g == 0 for k in widths)]
     name, k = bad[0]
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-    sizes = " | ".join(map(str, GROUP_SIZES))
-    accepted = (f"group_size {' | '.join(map(str, fits))} for this model, or pad_to_group: true" if fits else
-                f"none of {sizes} divides every in_features ({', '.join(map(str, widths))}); "
-                "set pad_to_group: true to zero-pad in_features to a multiple of group_size")
     raise RecipeError(f"group_size {group_size} does not divide in_features {k} of layer '{name}'{more}",
-                      field="group_size", accepted=accepted)
+                      field="group_size", accepted=group_size_fixes([_features(m)[0] for _, m in targets]))
+
+
+def group_size_fixes(widths) -> str:
+    """What to write instead of a group size that does not divide every in_features in `widths`."""
+    widths = sorted(set(widths))
+    fits = [g for g in GROUP_SIZES if all(k % g == 0 for k in widths)]
+    if fits:
+        return f"group_size {' | '.join(map(str, fits))} for this model, or pad_to_group: true"
+    return (f"pad_to_group: true, which zero-pads in_features to a multiple of group_size: none of "
+            f"{' | '.join(map(str, GROUP_SIZES))} divides every in_features ({', '.join(map(str, widths))})")
+
+
+def check_group_size_for(config: dict, options, *, lm_head: bool, variant: str, file: str | None = None,
+                         field: str | None = None) -> None:
+    """Refuse, from config.json alone, a group size that does not divide the in_features of a layer the recipe
+    quantizes (linear_widths.py); pass where the architecture's layer shapes are not known there."""
+    widths = quantized_in_features(config, lm_head=lm_head)
+    if widths is None or options.pad_to_group or not (bad := undivided(widths, options.group_size)):
+        return
+    raise RecipeError(f"variant '{variant}': group_size {options.group_size} does not divide in_features "
+                      f"{by_width(bad)} in each layer of {architecture(config)} (read from its config.json)",
+                      file=file, field=field, accepted=group_size_fixes(widths.values()))
 
 
 def _check_int_mm_shapes(targets, recipe: str) -> None:

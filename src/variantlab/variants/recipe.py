@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
+
+from ..spec_model import SpecModel
 
 
-class NoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class NoOptions(SpecModel):
+    """A recipe without options: any key is unknown."""
 
 
 @dataclass(frozen=True)

@@ -10,19 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from ...backends.base import GenerationRequest, run_requests
+from ...spec_model import SpecModel
 from .. import metrics as m
 from ..tracker import MetricDef
 from ...sizes import MAX_REQUESTS, MAX_TOKENS, MAX_WARMUP
 from .common import PassOutput, Scenario, ScenarioOutput, labelled, warm_up
 
 
-class LengthSweepSpec(BaseModel):
+class LengthSweepSpec(SpecModel):
     """Prefill time and per-token decode time at given prompt lengths (one request at a time)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)   # bounds: variantlab/sizes.py
+    model_config = ConfigDict(allow_inf_nan=False)   # bounds: variantlab/sizes.py
 
     type: Literal["length-sweep"]
     name: str | None = Field(None, description="row label and key (default: the type)")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ...backends.base import run_requests
+from ...spec_model import SpecModel
 from .. import metrics as m
 from ..stats import mean
 from ..tracker import MetricDef
@@ -20,10 +21,10 @@ from ...sizes import MAX_BATCH, MAX_DURATION_S, MAX_PASSES, MAX_WARMUP
 from .common import PassOutput, Scenario, ScenarioOutput, labelled, pass_rate, requests_for, shapes_text, warm_up
 
 
-class OfflineSpec(BaseModel):
+class OfflineSpec(SpecModel):
     """The whole dataset in batches: single-task latency and throughput."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)   # bounds: variantlab/sizes.py
+    model_config = ConfigDict(allow_inf_nan=False)   # bounds: variantlab/sizes.py
 
     type: Literal["offline"]
     name: str | None = Field(None, description="row label and key (default: the type)")

@@ -35,9 +35,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from ...backends.base import GenerationRequest, RequestEnd, TokenEvent
+from ...spec_model import SpecModel
 from .. import metrics as m
 from ..records import RequestRecord
 from ..stats import mean, quantile
@@ -48,10 +49,10 @@ from .common import PassOutput, Scenario, ScenarioOutput, requests_for
 KEEP_UP = 0.9     # without SLOs, a phase holds when it completes this share of the offered rate
 
 
-class ServerSpec(BaseModel):
+class ServerSpec(SpecModel):
     """Requests arriving at a rate (or a sweep of rates, or a fixed concurrency) against a server."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)   # bounds: variantlab/sizes.py
+    model_config = ConfigDict(allow_inf_nan=False)   # bounds: variantlab/sizes.py
 
     type: Literal["server"]
     name: str | None = Field(None, description="row label and key (default: the type)")

@@ -9,19 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ...backends.base import run_requests
+from ...spec_model import SpecModel
 from ..tracker import MetricDef
 from ...sizes import MAX_DURATION_S, MAX_REQUESTS, MAX_WARMUP
 from .common import (PassOutput, Scenario, ScenarioOutput, bandwidth_rows, decode_bytes, labelled, latency_rows,
                      requests_for, shapes_text, warm_up)
 
 
-class SingleStreamSpec(BaseModel):
+class SingleStreamSpec(SpecModel):
     """One request at a time: per-request latency (E2EL, TTFT, TPOT, ITL)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)   # bounds: variantlab/sizes.py
+    model_config = ConfigDict(allow_inf_nan=False)   # bounds: variantlab/sizes.py
 
     type: Literal["single-stream"]
     name: str | None = Field(None, description="row label and key (default: the type); needed when a suite "
