@@ -3,6 +3,7 @@
 the Ray executor carries out the same plan in the same order as the local one."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -260,3 +261,29 @@ def test_sigterm_ends_a_ray_run_as_interrupted_and_leaves_no_process_behind(tmp_
     with Store(store) as s:
         (run,) = s.runs()
         assert run.status == "interrupted" and 1 <= len(s.records(run.run_id, "measure")) < 6
+
+
+@pytest.mark.slow
+def test_a_run_begun_with_a_relative_suite_path_replans_from_any_working_folder(tmp_path, monkeypatch):
+    """The stored suite path is absolute: a resume from another folder finds the suite's relative dataset."""
+    from variantlab.measure.runner import run_bench
+    from variantlab.store import Store
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    lines = [json.dumps({"id": f"s{i}", "prompt": f"Order {i}: price?", "answer": str(i)}) for i in range(4)]
+    (tmp_path / "a" / "data.jsonl").write_text("\n".join(lines) + "\n")
+    suite = {"name": "t", "model": "builtin:tiny-structured", "threads": 1, "rounds": 1,
+             "variants": [{"name": "base"}],
+             "workload": {"dataset": {"path": "data.jsonl"}, "max_new_tokens": 2,
+                          "scenarios": [{"type": "single-stream", "requests": 1, "warmup": 0}],
+                          "accuracy": {"samples": 1}},
+             "output": {"dir": "runs", "store": str(tmp_path / "store.sqlite")}}
+    (tmp_path / "a" / "suite.yaml").write_text(yaml.safe_dump(suite))
+    monkeypatch.chdir(tmp_path / "a")
+    result = run_bench("suite.yaml")
+    with Store(tmp_path / "store.sqlite") as store:
+        row = store.run(result.run_id)
+    assert Path(row.suite_path).is_absolute()
+    monkeypatch.chdir(tmp_path / "b")
+    assert replan(row, tmp_path / "store.sqlite").to_json() == row.plan

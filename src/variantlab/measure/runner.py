@@ -168,9 +168,10 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
     with Store(store_file) as store, run_lock(store_file, run_id):
         out = make_folder(Path(output_dir or suite.output.dir) / run_id, "the run folder", "output.dir",
                           "a writable folder (--output DIR)")
-        # stored as an absolute path: a resume started from another folder writes into this same folder
-        store.create_run(run_id, suite.model_dump(mode="json"), plan.suite_path, plan.to_json(), env,
-                         str(out.resolve()))
+        # the suite and the run folder stored as absolute paths: a resume started from another folder reads the
+        # suite's relative model and dataset paths from the suite's own folder and writes into this same folder
+        store.create_run(run_id, suite.model_dump(mode="json"), str(Path(plan.suite_path).resolve()),
+                         plan.to_json(), env, str(out.resolve()))
         run = _Run(plan, run_id, out, store, store_file, executor or LocalProcessExecutor(), events or Events(),
                    threads, env, machine_warnings(threads), artifacts_dir)
         return run.carry_out(t0)
