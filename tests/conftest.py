@@ -20,6 +20,37 @@ import variantlab
 # tiny-model tests about ten times slower under load. Suites measured in worker processes set their own.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+# --- tests marked `cuda`: collected everywhere, skipped with the reason where torch sees no CUDA device
+
+_CUDA_SKIPPED = pytest.StashKey[tuple[int, str]]()
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the `cuda` tests cannot run here (None: they can)."""
+    import torch
+    if torch.cuda.is_available():
+        return None
+    why = "this torch build has no CUDA" if torch.version.cuda is None else "torch sees no CUDA device"
+    return f"needs a CUDA device: {why} (torch {torch.__version__}); scripts/device_check.sh runs it on a GPU"
+
+
+@pytest.hookimpl(trylast=True)      # after -m has deselected: count only the tests this run would have run
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    reason = cuda_unavailable_reason() if marked else None
+    if reason is None:
+        return
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=reason))
+    config.stash[_CUDA_SKIPPED] = (len(marked), reason)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    n, reason = config.stash.get(_CUDA_SKIPPED, (0, ""))
+    if n:
+        terminalreporter.write_line(f"{n} tests marked cuda skipped: {reason}")
+
 SHIPPED_MODEL_DIR = Path(variantlab.__file__).parent / "models" / "tiny_structured"
 TOKENIZER_TEXTS = [
     'order_id: ORD-5493\ncustomer: Priya Nguyen\nstatus: pending\nQ: What is the status?\nA: pending',
