@@ -15,6 +15,7 @@ A variant that fails is recorded with its reason and the others go on. An interr
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -214,7 +215,7 @@ def replan(row, store_file: Path) -> Plan:
     base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
     plan = make_plan(parse_suite(row.suite, suite_path), suite_path, base_dir,
                      bool(row.plan.get("skip_bad_lines"))).with_rounds(int(row.plan["rounds"]))
-    now = plan.to_json()
+    now = json.loads(json.dumps(plan.to_json()))     # as the store holds it: an auto recipe's tuples are lists
     changed = [k for k in sorted(set(now) | set(row.plan)) if now.get(k) != row.plan.get(k)]
     if changed:
         raise VariantlabError(f"run {row.run_id} cannot be resumed: its plan made again today differs in "
