@@ -191,3 +191,53 @@ def test_a_run_with_an_auto_variant_resumes(slow_machine, tmp_path, compile_):
     assert stored["variants"][1]["resolved"]["resolved_to"] == again["variants"][1]["recipe"]
     assert again == stored
 
+
+# ---------------------------------------------------------------- runs stored by the previous version
+
+def previous_versions_dump(suite) -> dict:
+    """What the previous version stored: the full dump with the defaults written out as if given."""
+    dump = json.loads(json.dumps(suite.model_dump(mode="json")))
+    for dataset in (dump["workload"]["dataset"], dump["calibration"]):
+        if dataset is not None and dataset["n"] is None:
+            dataset["n"] = 64
+    for v in dump["variants"]:
+        v["recipe"] = "fp32" if v["recipe"] is None else v["recipe"]
+        v["compile"] = bool(v["compile"])
+    return dump
+
+
+def stored_by_the_previous_version_then_replanned(path: Path, store_file: Path) -> tuple[dict, dict]:
+    plan = plan_suite_file(path)
+    with Store(store_file) as store:
+        store.create_run("run-0", previous_versions_dump(plan.suite), str(path.resolve()), plan.to_json(), {},
+                         str(path.parent))
+        row = store.run("run-0")
+    return plan.to_json(), replan(row, store_file).to_json()
+
+
+@pytest.mark.parametrize("case", ["generated", "short file", "endpoint", "analysis words", "auto"])
+def test_a_run_stored_by_the_previous_version_resumes(slow_machine, tmp_path, case):
+    """The previous version wrote n: 64, recipe: fp32 and compile: false for keys not given: runs that resumed
+    still resume, and those it refused (each case but the first) resume now."""
+    (tmp_path / "data.jsonl").write_text(GOOD_LINE * 4, encoding="utf-8")
+    variant = {"generated": {"name": "half", "recipe": "bf16"}, "short file": {"name": "half", "recipe": "bf16"},
+               "endpoint": {"name": "served", "backend": "openai", "base_url": "http://127.0.0.1:9/v1"},
+               "analysis words": {"name": "flash", "weight_dtype": "int4", "activation_dtype": "int8"},
+               "auto": AUTO}[case]
+    dataset = {"path": "data.jsonl"} if case == "short file" else {"generator": "structured"}
+    path = write(tmp_path, {"variants": [{"name": "base"}, variant], "workload": SMALL | {"dataset": dataset}})
+    stored, again = stored_by_the_previous_version_then_replanned(path, tmp_path / "store.sqlite")
+    assert again == stored
+
+
+def test_a_given_n_is_kept_and_a_file_cut_below_it_refuses_the_resume(tmp_path):
+    (tmp_path / "data.jsonl").write_text(GOOD_LINE * 5, encoding="utf-8")
+    path = write(tmp_path, {"variants": [{"name": "base"}],
+                            "workload": SMALL | {"dataset": {"path": "data.jsonl", "n": 5}}})
+    plan = plan_suite_file(path)
+    with Store(tmp_path / "store.sqlite") as store:
+        store.create_run("run-1", plan.suite.model_dump(mode="json"), str(path), plan.to_json(), {}, str(tmp_path))
+        row = store.run("run-1")
+    (tmp_path / "data.jsonl").write_text(GOOD_LINE * 4, encoding="utf-8")
+    with pytest.raises(VariantlabError, match="the file has 4 records, fewer than the n: 5 asked for"):
+        replan(row, tmp_path / "store.sqlite")

@@ -209,11 +209,11 @@ def resume_run(run_id: str, *, store_path: str | Path | None = None, executor: E
 def replan(row, store_file: Path) -> Plan:
     """The plan of a stored run, made again from its stored suite; bad input when it no longer comes out the
     same (a dataset or model that changed, an `auto` recipe that now chooses otherwise)."""
-    from ..suite import parse_suite
     from .plan import make_plan
+    from .stored_suite import stored_suite
     suite_path = row.suite_path or "<stored suite>"
     base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
-    plan = make_plan(parse_suite(row.suite, suite_path), suite_path, base_dir,
+    plan = make_plan(stored_suite(row, suite_path), suite_path, base_dir,
                      bool(row.plan.get("skip_bad_lines"))).with_rounds(int(row.plan["rounds"]))
     now = json.loads(json.dumps(plan.to_json()))     # as the store holds it: an auto recipe's tuples are lists
     changed = [k for k in sorted(set(now) | set(row.plan)) if now.get(k) != row.plan.get(k)]
