@@ -42,11 +42,12 @@ def test_minimal_suite_fills_in_defaults(tmp_path):
     assert suite.name == "suite" and suite.model == "builtin:tiny-structured"
     assert [v.name for v in suite.variants] == ["fp32"]
     v = suite.variants[0]
-    assert (v.recipe, v.options, v.model) == ("fp32", {}, None)
+    assert (v.recipe, v.options, v.model, v.compile) == (None, {}, None, None)    # not given: fp32, off
     assert suite.baseline is None and suite.baseline_name == "fp32"
     assert (suite.device, suite.threads, suite.seed, suite.timeout_s) == ("auto", None, 0, 900)
     w = suite.workload
-    assert (w.dataset.generator, w.dataset.path, w.dataset.n, w.dataset.seed) == ("structured", None, 64, 0)
+    assert (w.dataset.generator, w.dataset.path, w.dataset.n, w.dataset.seed) == ("structured", None, None, 0)
+    assert w.dataset.count == 64
     assert w.max_new_tokens == 24 and w.accuracy.samples == 32
     assert w.scenarios == [SingleStreamSpec(type="single-stream"), OfflineSpec(type="offline")]
     assert (w.scenarios[0].requests, w.scenarios[0].warmup, w.scenarios[0].min_duration_s) == (16, 2, 0.0)

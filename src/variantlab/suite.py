@@ -24,6 +24,7 @@ from .spec_model import BOOL_FOR_NUMBER, SpecModel
 
 
 DEFAULT_ROUNDS = 5
+DEFAULT_SAMPLES = 64      # a dataset's n when the suite gives none
 RESERVED_NAMES = ("cold_start", "memory", "facts", "stability", "grading", "scoring")
 
 
@@ -39,9 +40,17 @@ class DatasetSpec(_Frozen):
     generator: Literal["structured"] | None = Field(
         None, description="built-in generator of structured samples (orders, invoices, logs, products)")
     path: str | None = Field(None, description="JSONL file with string fields 'prompt' and 'answer'")
-    n: int = Field(64, ge=1, le=MAX_SAMPLES, description="number of samples (generator) or the first n lines "
-                                                          "(path)")
+    # "not given" is None, not pydantic's fields-set: a stored suite (a full dump, every default written out)
+    # must re-parse to the same meaning (`bench --resume` plans again from it)
+    n: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="number of samples (generator) or the first n "
+                          "lines (path; a file with fewer is an error); absent or null: "
+                          f"{DEFAULT_SAMPLES}, or every line of a shorter file")
     seed: int = Field(0, ge=SEED_MIN, le=SEED_MAX, description="generator seed")
+
+    @property
+    def count(self) -> int:
+        """The samples asked for: n, else the default (a file may then hold fewer)."""
+        return DEFAULT_SAMPLES if self.n is None else self.n
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetSpec":
@@ -88,7 +97,10 @@ class VariantSpec(_Frozen):
     """One variant: a recipe applied to the suite's model, or another checkpoint of its own."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
-    recipe: str = Field("fp32", description="recipe name: see `variantlab recipes`")
+    # recipe and compile: None is "not given" (see DatasetSpec.n): an endpoint refuses them given, weight_dtype
+    # refuses a recipe given beside it, and `recipe: auto` chooses compile only when it is not given
+    recipe: str | None = Field(None, description="recipe name: see `variantlab recipes`; absent or null: fp32, "
+                                                 "or what weight_dtype/activation_dtype map to")
     options: dict[str, Any] = Field(default_factory=dict, description="recipe options")
     model: str | None = Field(None, description="a checkpoint of this variant's own (local directory)")
     # The analysis's vocabulary, mapped to the same recipes (int4 weights + int8 activations → w4a8).
@@ -99,8 +111,9 @@ class VariantSpec(_Frozen):
                                                     "applied before the recipe")
     attention_options: dict[str, Any] = Field(default_factory=dict,
                                               description="linear_state_dtype: fp32 | model, linear_chunk")
-    compile: bool = Field(False, description="torch.compile each decoder layer's MLP (dynamic shapes); "
-                                             "compile time is reported apart from warm figures")
+    compile: bool | None = Field(None, description="torch.compile each decoder layer's MLP (dynamic shapes); "
+                                 "compile time is reported apart from warm figures; absent or null: off, or what "
+                                 "recipe: auto chooses")
     backend: Literal["torch", "openai"] = Field("torch", description="torch: built and run here; openai: an "
                                                 "OpenAI-compatible endpoint at base_url, measured as it serves")
     base_url: str | None = Field(None, pattern=r"^https?://", description="openai: the endpoint, e.g. "
@@ -119,7 +132,7 @@ class VariantSpec(_Frozen):
             raise ValueError("backend: openai needs base_url (an OpenAI-compatible endpoint, e.g. "
                              "http://127.0.0.1:8000/v1)")
         built = [k for k in ("recipe", "options", "model", "weight_dtype", "activation_dtype", "quant_scheme",
-                             "attention", "attention_options", "compile") if k in self.model_fields_set]
+                             "attention", "attention_options", "compile") if getattr(self, k) not in (None, {})]
         if built:
             raise ValueError(f"an endpoint is measured as it serves: {', '.join(built)} cannot apply to backend: "
                              "openai")

@@ -325,6 +325,22 @@ def test_compare_bad_input_is_one_line_and_exit_2(tmp_path):
                                   cwd=tmp_path), "--fail-on-regression", "ambiguous")
 
 
+def test_a_default_n_written_out_and_left_out_is_one_workload_and_another_n_is_not(tmp_path):
+    """The previous version stored `n: 64` for an n not given, this one stores null: the same samples."""
+    from variantlab.advise.compare import load_run
+    from variantlab.measure.plan import plan_suite_file
+    from variantlab.store import Store
+    plan = plan_suite_file(write_suite(tmp_path, SUITE.format(name="a", recipe="bf16").replace("n: 4", "seed: 0")))
+    dump = plan.suite.model_dump(mode="json")
+    with_n = lambda n: dump | {"workload": dump["workload"] | {"dataset": dump["workload"]["dataset"] | {"n": n}}}
+    with Store(tmp_path / "s.sqlite") as store:
+        for run_id, n in (("left-out", None), ("written", 64), ("other", 8)):
+            store.create_run(run_id, with_n(n), None, plan.to_json(), ENV, None)
+        left_out, written, other = (load_run(store, r) for r in ("left-out", "written", "other"))
+    assert not [n for n in compare_runs(left_out, written).notes if "workloads differ" in n]
+    assert "the workloads differ (dataset)" in " ".join(compare_runs(left_out, other).notes)
+
+
 # --------------------------------------------------------------------------- the machine's own change between runs
 
 def test_a_machine_that_ran_slower_in_b_does_not_make_the_variant_slower():

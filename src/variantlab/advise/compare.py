@@ -267,11 +267,12 @@ class RunData:
 def load_run(store, run_id: str) -> RunData:
     """A stored run, analysed afresh from its records (StoreError: unknown run, or another version's)."""
     from ..measure.runner import reanalyse
+    from ..measure.stored_suite import workload_as_measured
     row = store.run(run_id)
     comparison, samples, records = reanalyse(store, row)
     measured = tuple(r.environment for r in records if r.status == "ok" and r.environment)
     return RunData(row.run_id, row.suite_name, row.status, row.environment, measured, comparison, samples,
-                   row.suite.get("workload") or {})
+                   workload_as_measured(row.suite))
 
 
 def check_environments(a: RunData, b: RunData, force: bool = False) -> tuple[list[str], list[str]]:

@@ -258,8 +258,8 @@ def explain_run(store_path: str | Path, run_id: str, a: str, b: str, *, rounds: 
     run's folder. Returns (explanation, folder)."""
     from ..measure.plan import available_cores, dataset_samples
     from ..measure.runner import stored_comparison
+    from ..measure.stored_suite import stored_suite
     from ..store import Store
-    from ..suite import Suite
 
     store_path = Path(store_path)
     if not store_path.exists():
@@ -288,7 +288,7 @@ def explain_run(store_path: str | Path, run_id: str, a: str, b: str, *, rounds: 
                                   accepted="a run whose folder is still there (run `variantlab bench` again)")
         definition = next(v for v in row.plan["variants"] if v["name"] == name)
         targets.append(Target(name, {k: v for k, v in definition.items() if k != "source"}, build.artifact_dir))
-    suite = Suite.model_validate(row.suite)
+    suite = stored_suite(row, row.suite_path or "<stored suite>")
     base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
     samples = dataset_samples(suite.workload.dataset, base_dir)
     out_dir = Path(row.output_dir or ".") / "explain" / f"{a}-vs-{b}"

@@ -131,19 +131,19 @@ def load_dataset(ds, base_dir: Path, field: str = "workload.dataset",
     if ds.path is not None:
         p = Path(ds.path)
         path = p if p.is_absolute() else base_dir / p
-        read = read_jsonl(path, limit=ds.n, skip_bad_lines=skip_bad_lines)
+        read = read_jsonl(path, limit=ds.count, skip_bad_lines=skip_bad_lines)
         samples, skipped = read.records, read.skipped
         if skipped:
             warnings = (f"{field}: skipped {len(skipped)} bad line{'s' * (len(skipped) > 1)} of {ds.path} "
                         f"({summarize_skipped(skipped)})",)
-        if "n" in ds.model_fields_set and len(samples) < ds.n:
+        if ds.n is not None and len(samples) < ds.n:
             good = f"{len(samples)} good records ({len(skipped)} bad lines skipped)" if skipped else \
                 f"{len(samples)} records"
             raise DatasetError(f"the file has {good}, fewer than the n: {ds.n} asked for",
                                file=str(path), field=f"{field}.n",
                                accepted=f"n: {len(samples)} or less, or a file with {ds.n} records")
     else:
-        samples = generate_samples(ds.n, ds.seed)
+        samples = generate_samples(ds.count, ds.seed)
     return [dict(s) | {"id": str(s.get("id", i))} for i, s in enumerate(samples)], warnings
 
 
@@ -213,7 +213,7 @@ def check_prompt_positions(suite: Suite, info: ModelDirInfo, samples: Sequence[d
     if n + new <= most:
         return []
     ds = suite.workload.dataset
-    name = ds.path if ds.path is not None else f"the {ds.generator} dataset (n {ds.n}, seed {ds.seed})"
+    name = ds.path if ds.path is not None else f"the {ds.generator} dataset (n {ds.count}, seed {ds.seed})"
     over = sum(c + new > most for c in counts)
     detail = (f"{over} of {len(counts)} prompts of {name} + max_new_tokens {new} need more positions than the model "
               f"has; the longest, sample {samples[longest]['id']!r}, is {n} tokens and needs {n + new}; {info.path} "
@@ -303,7 +303,7 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
             problems.append(e)
     if len(problems) > found:
         return None
-    compile_, resolved = v.compile, None
+    compile_, resolved = bool(v.compile), None
     if resolve is not None:
         try:
             r = resolve(options, suite=suite, samples=samples, config=info.config, model_dir=info.path,
@@ -313,7 +313,7 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
             problems.append(e)
             return None
         recipe, options, resolved = r.recipe, r.options, r.to_json()
-        if "compile" not in v.model_fields_set:   # the variant's own compile: wins over the choice
+        if v.compile is None:   # the variant's own compile: wins over the choice
             compile_ = r.compile
     return PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options), compile_),
                           info.path, resolved, info.position_limit())

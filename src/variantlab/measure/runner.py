@@ -15,6 +15,7 @@ A variant that fails is recorded with its reason and the others go on. An interr
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -208,13 +209,13 @@ def resume_run(run_id: str, *, store_path: str | Path | None = None, executor: E
 def replan(row, store_file: Path) -> Plan:
     """The plan of a stored run, made again from its stored suite; bad input when it no longer comes out the
     same (a dataset or model that changed, an `auto` recipe that now chooses otherwise)."""
-    from ..suite import parse_suite
     from .plan import make_plan
+    from .stored_suite import stored_suite
     suite_path = row.suite_path or "<stored suite>"
     base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
-    plan = make_plan(parse_suite(row.suite, suite_path), suite_path, base_dir,
+    plan = make_plan(stored_suite(row, suite_path), suite_path, base_dir,
                      bool(row.plan.get("skip_bad_lines"))).with_rounds(int(row.plan["rounds"]))
-    now = plan.to_json()
+    now = json.loads(json.dumps(plan.to_json()))     # as the store holds it: an auto recipe's tuples are lists
     changed = [k for k in sorted(set(now) | set(row.plan)) if now.get(k) != row.plan.get(k)]
     if changed:
         raise VariantlabError(f"run {row.run_id} cannot be resumed: its plan made again today differs in "

@@ -10,6 +10,8 @@ from .mixed import MixedRecipe
 from .quant import QUANT_RECIPES
 from .recipe import Recipe
 
+DEFAULT_RECIPE = "fp32"   # a suite variant's recipe when it names none (nor weight_dtype/activation_dtype)
+
 RECIPES: dict[str, Recipe] = {
     r.name: r for r in (
         DtypeRecipe("fp32", "the checkpoint in float32 (32 bits per weight)"),
@@ -52,10 +54,10 @@ def resolve_variant_recipe(variant, *, file: str | None = None, field: str = "va
     """
     from .quant import recipe_from_analysis_vocabulary
 
-    name, options = variant.recipe, dict(variant.options)
+    name, options = variant.recipe or DEFAULT_RECIPE, dict(variant.options)
     words = (variant.weight_dtype, variant.activation_dtype, variant.quant_scheme)
     if any(w is not None for w in words):
-        if "recipe" in variant.model_fields_set:
+        if variant.recipe is not None:
             raise RecipeError("give either recipe or weight_dtype/activation_dtype/quant_scheme, not both",
                               file=file, field=f"{field}.recipe", accepted="one vocabulary per variant")
         if variant.weight_dtype is None or variant.activation_dtype is None:
