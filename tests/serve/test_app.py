@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import threading
 import time
 
 import httpx2
@@ -379,3 +380,44 @@ def test_a_client_that_closes_its_stream_frees_its_row(server):
              "the cancellation to be counted")
     again = client(url).completions.create(model="fp32", prompt="status:", max_tokens=2, temperature=0)
     assert again.usage.completion_tokens >= 1
+
+
+# --------------------------------------------------------------------------- shutting down
+
+def test_shutting_down_answers_every_request_in_flight_with_an_openai_shaped_503(plan):
+    """close() with a grace of 0 (serve/listener.py): a streamed and a whole request held in the queue
+    (static with an endless wait never admits) each get the shutdown error, not a dropped connection;
+    once the app's gate has closed, a new request is refused with 503 and Connection: close."""
+    handle = build_server(plan, ServeOptions(policy="static", variants=("fp32",), batch_size=8, max_wait_s=3600.0),
+                          log=lambda line: None)
+    url = handle.start_http(grace_s=0)
+    try:
+        got: dict = {}
+
+        def whole():
+            got["whole"] = post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
+
+        held = threading.Thread(target=whole)
+        held.start()
+        with httpx2.stream("POST", url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "stream": True},
+                           timeout=60) as streamed:
+            assert streamed.status_code == 200
+            wait_for(lambda: handle.engine.queue_length() == 2, "both requests to wait")
+            assert httpx2.get(url + "/health").json()["in_flight"] == 2
+            handle.app.state.admission.close()            # what the listener does first
+            refused = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+            assert error_of(refused, 503)["code"] == "shutting_down"
+            assert refused.headers["connection"] == "close"
+            closing = threading.Thread(target=handle.close)
+            closing.start()
+            lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+        held.join(60)
+        closing.join(60)
+        assert not held.is_alive() and not closing.is_alive()
+        last = json.loads(lines[-1][len("data: "):])
+        assert set(last) == {"error"} and "shutting down" in last["error"]["message"], lines
+        assert "shutting down" in error_of(got["whole"], 503)["message"]
+        with pytest.raises(httpx2.ConnectError):
+            httpx2.get(url + "/health", timeout=5)
+    finally:
+        handle.close()

@@ -6,9 +6,12 @@ GET /metrics (Prometheus). Each route is thin: parse and bound the body, hand a 
 engine, relay its events. Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`,
 from one place (`ApiError` → `_error`): a malformed body or a bad field 400, a missing or wrong bearer
 key 401 (only with `api_key`), an unknown model 404, a body over `max_body_bytes` 413, a full queue 429
-with Retry-After, an engine that failed 500; an unknown route or method is OpenAI-shaped too. Fields are
+with Retry-After, an engine that failed 500, a server shutting down 503 (`shutting_down`, Connection:
+close); an unknown route or method is OpenAI-shaped too. Fields are
 validated strictly, as OpenAI does: "0.5" is not a number, "yes" not a boolean. A client that
-disconnects is cancelled however its response ends: its row is freed at the engine's next step.
+disconnects is cancelled however its response ends: its row is freed at the engine's next step. The
+requests handed to the engine and not yet answered are counted (serve/admission.py, `app.state.admission`):
+/health reports them as `in_flight`, and the listener drains them on shutdown (serve/listener.py).
 
 Prompts: a completion's `prompt` is encoded as the bench engine encodes it (BOS included); a chat's
 messages go through the tokenizer's chat template when it has one, else their texts are joined with
@@ -32,8 +35,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from ..backends.base import FINISH_LENGTH
+from .admission import Admission
 from .detok import TextStream
-from .engine import FINISH_ERROR, QueueFull, ServeRequest, StreamEvent
+from .engine import FINISH_ERROR, QueueFull, ServeRequest, ShuttingDown, StreamEvent
 from .metrics import CONTENT_TYPE
 from .protocol import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk,
                        completion_body, completion_chunk, new_id, usage_chunk)
@@ -56,6 +60,7 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
     shared TorchEngine for encode/decode and the tokenizer."""
     app = FastAPI(title="variantlab serve", docs_url=None, redoc_url=None)
     app.state.engine, app.state.text = engine, text
+    admission = app.state.admission = Admission()
     created = int(time.time())
     if api_key:
         app.add_middleware(_BearerKey, key=api_key)
@@ -78,7 +83,8 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         if failed:
             return JSONResponse({"status": "error", "error": failed}, status_code=503)
         return {"status": "ok", "variants": list(engine.lanes), "policy": engine.policy.name,
-                "queue_length": engine.queue_length(), "running": engine.running(), **(info or {})}
+                "queue_length": engine.queue_length(), "running": engine.running(),
+                "in_flight": admission.in_flight, **(info or {})}
 
     @app.get("/metrics")
     async def metrics():
@@ -134,26 +140,37 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         try:
-            engine.submit(req, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+            admission.enter()
+            try:
+                engine.submit(req, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+            except BaseException:
+                admission.leave()
+                raise
         except QueueFull as e:
             raise ApiError(429, f"the server is busy: {e}", "rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(int(round(e.retry_after_s)))}) from None
+        except ShuttingDown as e:
+            raise ApiError(503, str(e), "server_error", code="shutting_down", headers={"Connection": "close"}) from None
         except ValueError as e:
             raise ApiError(400, str(e), param=prompt_field) from None
         stream = TextStream(text.decode, body.stop)
         ended = _Ended()
 
-        def cancel_unless_ended() -> None:   # the client went away, or the response was cancelled: free its row
+        def finish() -> None:   # once, however the response ended; the client gone or cancelled: free its row
+            if ended.left:
+                return
+            ended.left = True
+            admission.leave()
             if not ended.done:
                 engine.cancel(rid)
 
         if body.stream:
             return _EventStream(_sse(request, queue, stream, rid, len(ids), chat, body.include_usage, ended),
-                                on_exit=cancel_unless_ended)
+                                on_exit=finish)
         try:
             return await _whole(request, queue, stream, rid, len(ids), chat, ended)
         finally:
-            cancel_unless_ended()
+            finish()
 
     return app
 
@@ -203,8 +220,10 @@ class _BearerKey:
 
 @dataclass
 class _Ended:
-    """Set once a request's last event has been relayed; a response that ends before cancels the request."""
+    """`done` once a request's last event has been relayed (a response that ends before cancels the
+    request); `left` once the request has left the admission count."""
     done: bool = False
+    left: bool = False
 
 
 class _EventStream(StreamingResponse):
