@@ -5,8 +5,9 @@ Routes: POST /v1/completions and /v1/chat/completions (streamed over SSE or not)
 GET /metrics (Prometheus). Each route is thin: parse and bound the body, hand a ServeRequest to the
 engine, relay its events. Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`,
 from one place (`ApiError` → `_error`): a malformed body or a bad field 400, a missing or wrong bearer
-key 401 (only with `api_key`), an unknown model 404, a body over `max_body_bytes` 413, a full queue 429
-with Retry-After, an engine that failed 500, a server shutting down 503 (`shutting_down`, Connection:
+key 401 (only with `api_key`), an unknown model 404, a body not all there within `body_timeout_s` 408,
+one over `max_body_bytes` 413 (serve/body.py reads and validates bodies), a full queue 429 with
+Retry-After, an engine that failed 500, a server shutting down 503 (`shutting_down`, Connection:
 close); an unknown route or method is OpenAI-shaped too. Fields are
 validated strictly, as OpenAI does: "0.5" is not a number, "yes" not a boolean. A client that
 disconnects is cancelled however its response ends: its row is freed at the engine's next step. The
@@ -31,11 +32,12 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ..backends.base import FINISH_LENGTH
 from .admission import Admission
+from .body import parse_body
 from .detok import TextStream
 from .engine import FINISH_ERROR, QueueFull, ServeRequest, ShuttingDown, StreamEvent
 from .metrics import CONTENT_TYPE
@@ -52,6 +54,7 @@ class ServerLimits:
     max_tokens: int = 256            # a request's max_tokens above this is refused
     max_body_bytes: int = 1 << 20    # a body larger than this is refused (413)
     max_prompt_chars: int = 200_000
+    body_timeout_s: float = 30.0     # a body not all there by then is refused (408): a Content-Length that lies
 
 
 def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits = ServerLimits(),
@@ -98,7 +101,7 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
     @app.post("/v1/completions")
     @_guarded
     async def completions(request: Request):
-        body = await _parse(request, CompletionRequest, limits)
+        body = await parse_body(request, CompletionRequest, limits.max_body_bytes, limits.body_timeout_s)
         if len(body.prompt) > limits.max_prompt_chars:
             raise ApiError(400, f"the prompt is longer than {limits.max_prompt_chars} characters", param="prompt")
         ids = tuple(text.encode(body.prompt))
@@ -107,7 +110,7 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
     @app.post("/v1/chat/completions")
     @_guarded
     async def chat(request: Request):
-        body = await _parse(request, ChatRequest, limits)
+        body = await parse_body(request, ChatRequest, limits.max_body_bytes, limits.body_timeout_s)
         if sum(len(m.text()) for m in body.messages) > limits.max_prompt_chars:
             raise ApiError(400, f"the messages are longer than {limits.max_prompt_chars} characters",
                            param="messages")
@@ -125,7 +128,9 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         if room < 1:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context is {lane.max_len}",
                            param=prompt_field, code="context_length_exceeded")
-        max_tokens = body.max_tokens if body.max_tokens is not None else min(default_max or limits.max_tokens, room)
+        # left out: OpenAI's default (completions 16, chat: as many as fit), within this server's limit and context
+        max_tokens = body.max_tokens if body.max_tokens is not None else min(default_max or limits.max_tokens,
+                                                                             limits.max_tokens, room)
         if max_tokens > limits.max_tokens:
             raise ApiError(400, f"max_tokens {max_tokens} is above this server's limit of {limits.max_tokens}",
                            param="max_tokens")
@@ -188,13 +193,17 @@ def _internal(e: Exception) -> ApiError:
 def _guarded(route):
     """A route whose unexpected exceptions are answered as OpenAI-shaped 500s like any ApiError. (One that
     reaches Starlette's last-resort handler is re-raised after its response, and uvicorn then drops the
-    connection: the client's next request on it fails.)"""
+    connection: the client's next request on it fails.) A client gone while its body was read gets no
+    answer (499, which nobody reads), and is no failure of the server's."""
     @functools.wraps(route)
     async def run(request: Request):
         try:
             return await route(request)
         except (ApiError, HTTPException):
             raise
+        except ClientDisconnect:
+            log.debug("%s: the client went away while sending its body", request.url.path)
+            return Response(status_code=499)
         except Exception as e:  # noqa: BLE001 - every failure gets an answer
             log.exception("request failed")
             raise _internal(e) from e
@@ -240,39 +249,6 @@ class _EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_exit()
-
-
-async def _parse(request: Request, model, limits: ServerLimits):
-    too_large = ApiError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise too_large
-    raw = bytearray()
-    async for chunk in request.stream():   # a chunked body declares no length: stop reading at the bound
-        raw += chunk
-        if len(raw) > limits.max_body_bytes:
-            raise too_large
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    try:
-        return model.model_validate(data, strict=True)
-    except ValidationError as e:
-        # a union's members fail apart (stop: ["a", 1] fails as a string and at item 1 of a list): the deepest says most
-        worst = max(e.errors(), key=lambda err: len(err["loc"]))
-        param = _param(worst["loc"])
-        raise ApiError(400, f"{param}: {worst['msg']}" if param else worst["msg"], param=param) from None
-
-
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
-
-
-def _param(loc: tuple) -> str | None:
-    """The field an error is about, without pydantic's union-member tags: ("stop", "list[str]", 0) → "stop.0"."""
-    return ".".join(str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p not in _TYPE_TAGS)) or None
 
 
 def _variant(engine, model: str | None) -> str | None:
