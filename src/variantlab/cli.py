@@ -634,14 +634,23 @@ def serve(suite: Path = typer.Argument(..., help="suite file (YAML): the model, 
           devices: Optional[str] = typer.Option(None, "--devices", help="comma-separated device per worker, e.g. "
                                                 "cpu,cuda:0 (default: cpu)"),
           in_process: bool = typer.Option(False, "--in-process", help="run the engine in the HTTP server's own "
-                                          "process (one worker; slower under load: both need Python's GIL)")) -> None:
+                                          "process (one worker; slower under load: both need Python's GIL)"),
+          shutdown_grace_s: float = typer.Option(5.0, "--shutdown-grace-s", min=0, help="on SIGTERM or Ctrl-C, how "
+                                                 "long requests in flight get to finish before they fail with "
+                                                 "503")) -> None:
     """Serve the suite's variants behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /metrics), batching continuously; `adaptive` switches variant with load. With
     --workers N (or several --devices) N worker processes serve side by side behind one router; the engine
-    always runs in a process of its own, apart from HTTP, unless --in-process."""
+    always runs in a process of its own, apart from HTTP, unless --in-process. SIGTERM and Ctrl-C end it
+    cleanly (exit 0): it stops accepting, lets the requests in flight finish within --shutdown-grace-s,
+    fails the rest with 503 and stops its worker processes."""
     from .measure.plan import plan_suite_file
     from .serve.app import ServerLimits
     from .serve.server import ServeOptions, build_server
+    _terminate_as_interrupt()    # while it starts; once it serves, the listener handles both (serve/listener.py)
+
+    def log(line: str) -> None:
+        err_console.print(escape(line), highlight=False, soft_wrap=True)
     device_list = tuple(d.strip() for d in (devices or "").split(",") if d.strip())
     n_workers = workers or len(device_list) or 1
     try:
@@ -653,18 +662,17 @@ def serve(suite: Path = typer.Argument(..., help="suite file (YAML): the model, 
                                workers=n_workers, devices=device_list, engine_process=not in_process,
                                device=device_list[0] if n_workers == 1 and device_list else "cpu")
         plan = plan_suite_file(suite)
-        handle = build_server(plan, options, log=lambda line: err_console.print(escape(line), highlight=False,
-                                                                                 soft_wrap=True))
+        handle = build_server(plan, options, log=log)
     except VariantlabError as e:
         _fail(e)
-    import uvicorn
+    except KeyboardInterrupt:    # while building: build_server has ended the workers it started
+        err_console.print("interrupted while starting; nothing was served", highlight=False)
+        raise typer.Exit(130)
     err_console.print(f"serving {', '.join(handle.engine.lanes)} ({policy}"
                       + (f", {n_workers} workers" if n_workers > 1 else "") + f") on http://{host}:{port}/v1"
                       + (" (bearer key required)" if api_key else ""), highlight=False, soft_wrap=True)
-    try:
-        uvicorn.run(handle.app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
-    finally:
-        handle.engine.stop()
+    handle.serve(host, port, grace_s=shutdown_grace_s, log=log)
+    err_console.print("stopped", highlight=False)
 
 
 @dataset_app.command("make")

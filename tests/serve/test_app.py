@@ -14,6 +14,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
+import socket
+import threading
 import time
 
 import httpx2
@@ -340,6 +343,63 @@ def test_a_bearer_key_and_the_body_limit(plan):
         assert e.value.status_code == 413
 
 
+# --------------------------------------------------------------------------- what the fuzzing found (test_fuzz.py)
+
+def test_bodies_that_were_500s_are_400_naming_what_is_wrong(server):
+    """Each of these was a 500: JSON nested past Python's recursion limit, an integer past its 4,300
+    digits, a lone surrogate (valid JSON, not Unicode) in a prompt, a chat message or a stop string,
+    which the tokenizer refused with a TypeError."""
+    _, url = server
+    deep = b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert "nests too deeply" in error_of(post(url, "/v1/completions", deep), 400)["message"]
+    long_int = b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}"
+    assert "integer longer than" in error_of(post(url, "/v1/completions", long_int), 400)["message"]
+    for path, raw, param in [("/v1/completions", b'{"prompt": "a\\ud800b"}', "prompt"),
+                             ("/v1/completions", b'{"prompt": ["\\udfff"]}', "prompt"),
+                             ("/v1/completions", b'{"prompt": "hi", "stop": "\\ud800"}', "stop"),
+                             ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
+                              "messages.0.content"),
+                             ("/v1/chat/completions",
+                              b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
+                              "messages.0.content")]:
+        err = error_of(post(url, path, raw), 400)
+        assert err["param"] == param and "lone surrogate" in err["message"], (raw, err)
+    assert httpx2.get(url + "/health").json()["in_flight"] == 0
+
+
+def test_a_body_that_never_all_comes_is_408_and_a_client_gone_mid_body_is_no_failure(plan, caplog):
+    """A Content-Length that says more than is sent held the request until the client gave up (and then
+    it was logged as a 500); now it is 408 after body_timeout_s. A client that closes while its body
+    is read gets no answer and nothing is logged as failed."""
+    # 2 s: the client below closes at once; a timeout must not beat the disconnect on a stalled machine
+    with serving(plan, policy="single", variants=("fp32",), limits=ServerLimits(body_timeout_s=2.0)) as (_, url):
+        host, port = url.removeprefix("http://").split(":")
+        body = b'{"prompt": "hi", "max_tokens": 2}'
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n" % (len(body) + 10) + body)
+            answer = sock.makefile("rb").read()      # the server closes the connection after its answer
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer
+        error = json.loads(payload)["error"]
+        assert error["code"] == "body_timeout" and f"{len(body)} of {len(body) + 10} bytes" in error["message"]
+        with caplog.at_level(logging.DEBUG, logger="variantlab.serve"):
+            with socket.create_connection((host, int(port)), timeout=60) as sock:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+            wait_for(lambda: "went away while sending its body" in caplog.text or any(
+                r.levelno >= logging.ERROR for r in caplog.records), "the server to see the client go")
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_max_tokens_left_out_is_within_the_servers_limit(plan):
+    """A completion without max_tokens takes OpenAI's default of 16, which was refused as "max_tokens 16
+    is above this server's limit" on a server run with --max-tokens 4: a field the client never sent."""
+    with serving(plan, policy="single", variants=("fp32",), limits=ServerLimits(max_tokens=4)) as (_, url):
+        r = post(url, "/v1/completions", {"prompt": "hello", "temperature": 2.0, "seed": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_a_full_queue_is_429_with_retry_after(plan):
     # static with an endless wait never admits: one request submitted here fills the queue of one
     with serving(plan, policy="static", variants=("fp32",), batch_size=8, max_wait_s=3600.0,
@@ -379,3 +439,44 @@ def test_a_client_that_closes_its_stream_frees_its_row(server):
              "the cancellation to be counted")
     again = client(url).completions.create(model="fp32", prompt="status:", max_tokens=2, temperature=0)
     assert again.usage.completion_tokens >= 1
+
+
+# --------------------------------------------------------------------------- shutting down
+
+def test_shutting_down_answers_every_request_in_flight_with_an_openai_shaped_503(plan):
+    """close() with a grace of 0 (serve/listener.py): a streamed and a whole request held in the queue
+    (static with an endless wait never admits) each get the shutdown error, not a dropped connection;
+    once the app's gate has closed, a new request is refused with 503 and Connection: close."""
+    handle = build_server(plan, ServeOptions(policy="static", variants=("fp32",), batch_size=8, max_wait_s=3600.0),
+                          log=lambda line: None)
+    url = handle.start_http(grace_s=0)
+    try:
+        got: dict = {}
+
+        def whole():
+            got["whole"] = post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
+
+        held = threading.Thread(target=whole)
+        held.start()
+        with httpx2.stream("POST", url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "stream": True},
+                           timeout=60) as streamed:
+            assert streamed.status_code == 200
+            wait_for(lambda: handle.engine.queue_length() == 2, "both requests to wait")
+            assert httpx2.get(url + "/health").json()["in_flight"] == 2
+            handle.app.state.admission.close()            # what the listener does first
+            refused = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+            assert error_of(refused, 503)["code"] == "shutting_down"
+            assert refused.headers["connection"] == "close"
+            closing = threading.Thread(target=handle.close)
+            closing.start()
+            lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+        held.join(60)
+        closing.join(60)
+        assert not held.is_alive() and not closing.is_alive()
+        last = json.loads(lines[-1][len("data: "):])
+        assert set(last) == {"error"} and "shutting down" in last["error"]["message"], lines
+        assert "shutting down" in error_of(got["whole"], 503)["message"]
+        with pytest.raises(httpx2.ConnectError):
+            httpx2.get(url + "/health", timeout=5)
+    finally:
+        handle.close()

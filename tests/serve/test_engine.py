@@ -11,7 +11,7 @@ import pytest
 from tests.backends.test_torch_engine import naive
 from variantlab.backends.base import FINISH_LENGTH, FINISH_STOP, GenerationRequest
 from variantlab.backends.torch_engine import TorchEngine
-from variantlab.serve.engine import FINISH_CANCELLED, QueueFull, ServeEngine, ServeRequest
+from variantlab.serve.engine import FINISH_CANCELLED, QueueFull, ServeEngine, ServeRequest, ShuttingDown
 from variantlab.serve.lane import Lane
 from variantlab.serve.policies import AdaptivePolicy, SinglePolicy, StaticPolicy, StepCost
 
@@ -144,6 +144,15 @@ def test_a_policy_that_keeps_a_ttft_slo_refuses_newcomers_while_the_queue_head_i
     serving.sheds = False                       # a routed worker: the router decides
     serving.submit(r[2], lambda ev: None)
     assert serving.queue_length() == 3
+
+
+def test_a_stopped_engine_refuses_a_request_instead_of_holding_it_forever(engine):
+    """No thread takes requests once the engine has stopped: one submitted then would wait for ever."""
+    serving = ServeEngine({"v": Lane("v", engine, max_rows=1, max_len=64)}, SinglePolicy("v")).start()
+    serving.stop()
+    with pytest.raises(ShuttingDown, match="shutting down"):
+        serving.submit(requests(engine, 1)[0], lambda ev: None)
+    assert serving.queue_length() == 0
 
 
 def test_requests_the_engine_cannot_serve_are_refused_at_submit(engine):

@@ -21,7 +21,7 @@ import pytest
 from variantlab.backends.base import FINISH_LENGTH
 from variantlab.errors import VariantlabError
 from variantlab.measure.plan import plan_suite_file
-from variantlab.serve.engine import FINISH_ERROR, ServeRequest
+from variantlab.serve.engine import FINISH_ERROR, ServeRequest, ShuttingDown
 from variantlab.serve.server import ServeOptions, build_server
 
 pytestmark = pytest.mark.model
@@ -218,6 +218,8 @@ def test_a_killed_worker_fails_its_requests_and_the_survivor_serves_on(plan):
     finally:
         handle.close()
     assert all(gone(p) for p in pids) and not any(w.process.is_alive() for w in router.workers)
+    with pytest.raises(ShuttingDown):             # stopped: a 503, not "no serving worker" (a 500)
+        router.submit(ServeRequest("after-stop", (1, 2), 2), Collector())
 
 
 def test_workers_die_with_their_parent(tmp_path):

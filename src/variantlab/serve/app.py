@@ -5,10 +5,14 @@ Routes: POST /v1/completions and /v1/chat/completions (streamed over SSE or not)
 GET /metrics (Prometheus). Each route is thin: parse and bound the body, hand a ServeRequest to the
 engine, relay its events. Errors are OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`,
 from one place (`ApiError` → `_error`): a malformed body or a bad field 400, a missing or wrong bearer
-key 401 (only with `api_key`), an unknown model 404, a body over `max_body_bytes` 413, a full queue 429
-with Retry-After, an engine that failed 500; an unknown route or method is OpenAI-shaped too. Fields are
+key 401 (only with `api_key`), an unknown model 404, a body not all there within `body_timeout_s` 408,
+one over `max_body_bytes` 413 (serve/body.py reads and validates bodies), a full queue 429 with
+Retry-After, an engine that failed 500, a server shutting down 503 (`shutting_down`, Connection:
+close); an unknown route or method is OpenAI-shaped too. Fields are
 validated strictly, as OpenAI does: "0.5" is not a number, "yes" not a boolean. A client that
-disconnects is cancelled however its response ends: its row is freed at the engine's next step.
+disconnects is cancelled however its response ends: its row is freed at the engine's next step. The
+requests handed to the engine and not yet answered are counted (serve/admission.py, `app.state.admission`):
+/health reports them as `in_flight`, and the listener drains them on shutdown (serve/listener.py).
 
 Prompts: a completion's `prompt` is encoded as the bench engine encodes it (BOS included); a chat's
 messages go through the tokenizer's chat template when it has one, else their texts are joined with
@@ -28,12 +32,14 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ..backends.base import FINISH_LENGTH
+from .admission import Admission
+from .body import parse_body
 from .detok import TextStream
-from .engine import FINISH_ERROR, QueueFull, ServeRequest, StreamEvent
+from .engine import FINISH_ERROR, QueueFull, ServeRequest, ShuttingDown, StreamEvent
 from .metrics import CONTENT_TYPE
 from .protocol import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk,
                        completion_body, completion_chunk, new_id, usage_chunk)
@@ -48,6 +54,7 @@ class ServerLimits:
     max_tokens: int = 256            # a request's max_tokens above this is refused
     max_body_bytes: int = 1 << 20    # a body larger than this is refused (413)
     max_prompt_chars: int = 200_000
+    body_timeout_s: float = 30.0     # a body not all there by then is refused (408): a Content-Length that lies
 
 
 def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits = ServerLimits(),
@@ -56,6 +63,7 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
     shared TorchEngine for encode/decode and the tokenizer."""
     app = FastAPI(title="variantlab serve", docs_url=None, redoc_url=None)
     app.state.engine, app.state.text = engine, text
+    admission = app.state.admission = Admission()
     created = int(time.time())
     if api_key:
         app.add_middleware(_BearerKey, key=api_key)
@@ -78,7 +86,8 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         if failed:
             return JSONResponse({"status": "error", "error": failed}, status_code=503)
         return {"status": "ok", "variants": list(engine.lanes), "policy": engine.policy.name,
-                "queue_length": engine.queue_length(), "running": engine.running(), **(info or {})}
+                "queue_length": engine.queue_length(), "running": engine.running(),
+                "in_flight": admission.in_flight, **(info or {})}
 
     @app.get("/metrics")
     async def metrics():
@@ -92,7 +101,7 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
     @app.post("/v1/completions")
     @_guarded
     async def completions(request: Request):
-        body = await _parse(request, CompletionRequest, limits)
+        body = await parse_body(request, CompletionRequest, limits.max_body_bytes, limits.body_timeout_s)
         if len(body.prompt) > limits.max_prompt_chars:
             raise ApiError(400, f"the prompt is longer than {limits.max_prompt_chars} characters", param="prompt")
         ids = tuple(text.encode(body.prompt))
@@ -101,7 +110,7 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
     @app.post("/v1/chat/completions")
     @_guarded
     async def chat(request: Request):
-        body = await _parse(request, ChatRequest, limits)
+        body = await parse_body(request, ChatRequest, limits.max_body_bytes, limits.body_timeout_s)
         if sum(len(m.text()) for m in body.messages) > limits.max_prompt_chars:
             raise ApiError(400, f"the messages are longer than {limits.max_prompt_chars} characters",
                            param="messages")
@@ -119,7 +128,9 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         if room < 1:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context is {lane.max_len}",
                            param=prompt_field, code="context_length_exceeded")
-        max_tokens = body.max_tokens if body.max_tokens is not None else min(default_max or limits.max_tokens, room)
+        # left out: OpenAI's default (completions 16, chat: as many as fit), within this server's limit and context
+        max_tokens = body.max_tokens if body.max_tokens is not None else min(default_max or limits.max_tokens,
+                                                                             limits.max_tokens, room)
         if max_tokens > limits.max_tokens:
             raise ApiError(400, f"max_tokens {max_tokens} is above this server's limit of {limits.max_tokens}",
                            param="max_tokens")
@@ -134,26 +145,37 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         try:
-            engine.submit(req, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+            admission.enter()
+            try:
+                engine.submit(req, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+            except BaseException:
+                admission.leave()
+                raise
         except QueueFull as e:
             raise ApiError(429, f"the server is busy: {e}", "rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(int(round(e.retry_after_s)))}) from None
+        except ShuttingDown as e:
+            raise ApiError(503, str(e), "server_error", code="shutting_down", headers={"Connection": "close"}) from None
         except ValueError as e:
             raise ApiError(400, str(e), param=prompt_field) from None
         stream = TextStream(text.decode, body.stop)
         ended = _Ended()
 
-        def cancel_unless_ended() -> None:   # the client went away, or the response was cancelled: free its row
+        def finish() -> None:   # once, however the response ended; the client gone or cancelled: free its row
+            if ended.left:
+                return
+            ended.left = True
+            admission.leave()
             if not ended.done:
                 engine.cancel(rid)
 
         if body.stream:
             return _EventStream(_sse(request, queue, stream, rid, len(ids), chat, body.include_usage, ended),
-                                on_exit=cancel_unless_ended)
+                                on_exit=finish)
         try:
             return await _whole(request, queue, stream, rid, len(ids), chat, ended)
         finally:
-            cancel_unless_ended()
+            finish()
 
     return app
 
@@ -171,13 +193,17 @@ def _internal(e: Exception) -> ApiError:
 def _guarded(route):
     """A route whose unexpected exceptions are answered as OpenAI-shaped 500s like any ApiError. (One that
     reaches Starlette's last-resort handler is re-raised after its response, and uvicorn then drops the
-    connection: the client's next request on it fails.)"""
+    connection: the client's next request on it fails.) A client gone while its body was read gets no
+    answer (499, which nobody reads), and is no failure of the server's."""
     @functools.wraps(route)
     async def run(request: Request):
         try:
             return await route(request)
         except (ApiError, HTTPException):
             raise
+        except ClientDisconnect:
+            log.debug("%s: the client went away while sending its body", request.url.path)
+            return Response(status_code=499)
         except Exception as e:  # noqa: BLE001 - every failure gets an answer
             log.exception("request failed")
             raise _internal(e) from e
@@ -203,8 +229,10 @@ class _BearerKey:
 
 @dataclass
 class _Ended:
-    """Set once a request's last event has been relayed; a response that ends before cancels the request."""
+    """`done` once a request's last event has been relayed (a response that ends before cancels the
+    request); `left` once the request has left the admission count."""
     done: bool = False
+    left: bool = False
 
 
 class _EventStream(StreamingResponse):
@@ -221,39 +249,6 @@ class _EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_exit()
-
-
-async def _parse(request: Request, model, limits: ServerLimits):
-    too_large = ApiError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise too_large
-    raw = bytearray()
-    async for chunk in request.stream():   # a chunked body declares no length: stop reading at the bound
-        raw += chunk
-        if len(raw) > limits.max_body_bytes:
-            raise too_large
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    try:
-        return model.model_validate(data, strict=True)
-    except ValidationError as e:
-        # a union's members fail apart (stop: ["a", 1] fails as a string and at item 1 of a list): the deepest says most
-        worst = max(e.errors(), key=lambda err: len(err["loc"]))
-        param = _param(worst["loc"])
-        raise ApiError(400, f"{param}: {worst['msg']}" if param else worst["msg"], param=param) from None
-
-
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
-
-
-def _param(loc: tuple) -> str | None:
-    """The field an error is about, without pydantic's union-member tags: ("stop", "list[str]", 0) → "stop.0"."""
-    return ".".join(str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p not in _TYPE_TAGS)) or None
 
 
 def _variant(engine, model: str | None) -> str | None:

@@ -50,6 +50,14 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
+class ShuttingDown(Exception):
+    """The server is shutting down and takes no new request (503): the HTTP app's gate has closed
+    (serve/admission.py), or the engine has stopped."""
+
+    def __init__(self, why: str = "the server is shutting down"):
+        super().__init__(why)
+
+
 @dataclass(frozen=True)
 class ServeRequest:
     request_id: str
@@ -133,7 +141,8 @@ class ServeEngine:
 
     def submit(self, request: ServeRequest, sink: Sink) -> None:
         """Queue a request; QueueFull when the queue holds max_queue already; ValueError for a variant
-        this engine does not hold, or a request longer than its lane allows."""
+        this engine does not hold, or a request longer than its lane allows; ShuttingDown once stopped
+        (no thread would ever take it)."""
         if request.variant is not None and request.variant not in self.lanes:
             raise ValueError(f"unknown variant {request.variant!r} (served: {', '.join(self.lanes)})")
         lane = self.lanes[request.variant or next(iter(self.lanes))]
@@ -143,6 +152,8 @@ class ServeEngine:
         if not request.prompt_ids:
             raise ValueError("the prompt has no tokens")
         with self._wake:
+            if self._stopping:
+                raise ShuttingDown()
             if self.queue_length() >= self.max_queue:
                 self.metrics.rejected.inc()
                 raise QueueFull(self._retry_after())
@@ -423,5 +434,5 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-__all__ = ["ServeEngine", "ServeRequest", "StreamEvent", "QueueFull", "FINISH_CANCELLED", "FINISH_ERROR",
-           "FINISH_LENGTH"]
+__all__ = ["ServeEngine", "ServeRequest", "StreamEvent", "QueueFull", "ShuttingDown", "FINISH_CANCELLED",
+           "FINISH_ERROR", "FINISH_LENGTH"]

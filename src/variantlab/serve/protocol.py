@@ -4,7 +4,9 @@ Only what the server implements is accepted with a meaning; fields a client libr
 change the output (user, presence_penalty 0, …) are ignored, as vLLM does, and fields that would change
 it and are not implemented (n > 1, logprobs, echo, best_of, a non-zero penalty, a content part that
 is not text) are refused with 400 naming the field, never silently dropped. A field left out takes
-OpenAI's default, validated like a given one (`stop` is always a list).
+OpenAI's default, validated like a given one (`stop` is always a list). Text the model reads or the
+output is matched against (prompt, message contents, stop) must be Unicode: JSON can escape a lone
+surrogate ("\ud800"), which no tokenizer encodes, and it is refused with 400 like any bad field.
 """
 from __future__ import annotations
 
@@ -35,6 +37,16 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def _unicode(text: str) -> str:
+    """`text`, when it is valid Unicode (no lone surrogate); ValueError naming the first bad one else."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode text: a lone surrogate (\\u{ord(text[e.start]):04x}) at "
+                         f"character {e.start}") from None
+    return text
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -54,7 +66,7 @@ class _Common(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops(cls, v):
-        stops = [v] if isinstance(v, str) else list(v or [])
+        stops = [_unicode(s) for s in ([v] if isinstance(v, str) else list(v or []))]
         if len(stops) > 4:
             raise ValueError("at most 4 stop sequences")
         if any(not s for s in stops):
@@ -90,8 +102,8 @@ class CompletionRequest(_Common):
         if isinstance(v, list):
             if len(v) != 1:
                 raise ValueError("exactly one prompt per request (a list of one string is accepted)")
-            return v[0]
-        return v
+            v = v[0]
+        return _unicode(v)
 
 
 class ChatMessage(BaseModel):
@@ -106,6 +118,9 @@ class ChatMessage(BaseModel):
             for part in v:
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise ValueError(f"only text content parts are supported, not {part.get('type')!r}")
+                _unicode(part["text"])
+        elif v is not None:
+            _unicode(v)
         return v
 
     def text(self) -> str:

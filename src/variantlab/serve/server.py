@@ -13,7 +13,10 @@ variants/kernels.prepare, so that no worker builds them and no calibration times
    (serve/calibrate.py) and the TPOT SLO from the suite (max_tpot_s p95, else slo.tpot_s);
 4. the engine and the FastAPI app.
 `ServerHandle.start_http()` runs uvicorn on a thread (loopback, a free port by default): the tests and
-benchmarks talk to a real server over real HTTP.
+benchmarks talk to a real server over real HTTP. `ServerHandle.serve()` runs it in the main thread until
+SIGTERM or SIGINT (what `variantlab serve` does). Both end through serve/listener.py's shutdown: stop
+accepting, let the requests in flight finish within a grace, fail the rest with 503, stop the engine
+and its worker processes.
 
 With `workers` > 1, or `engine_process` (what `variantlab serve` runs), steps 1 and 3-4 run in worker
 processes instead (serve/workers.py): each builds its own variants through the same two helpers
@@ -35,6 +38,7 @@ from ..errors import VariantlabError
 from .app import ServerLimits, create_app
 from .engine import ServeEngine
 from .lane import Lane
+from .listener import GRACE_S, Listener
 from .policies import POLICIES, AdaptivePolicy, SinglePolicy, StaticPolicy
 
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
@@ -86,35 +90,44 @@ class ServerHandle:
     accuracy: dict = field(default_factory=dict)      # variant → {accuracy, retention, allowed, why}
     calibration: dict = field(default_factory=dict)   # variant → step seconds by batch size (routed: worker → that)
     tpot_slo_s: float | None = None
-    _server: object = None
+    _listener: Listener | None = None
     _thread: threading.Thread | None = None
     port: int | None = None
 
-    def start_http(self, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> str:
-        """Serve on host:port (0: a free port) from a background thread; the base URL once it answers."""
-        import uvicorn
+    def start_http(self, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                   grace_s: float = 1.0) -> str:
+        """Serve on host:port (0: a free port) from a background thread; the base URL once it answers.
+        `grace_s`: what close() gives the requests in flight (serve/listener.py)."""
         if port == 0:
             with socket.socket() as s:
                 s.bind((host, 0))
                 port = s.getsockname()[1]
-        config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, access_log=False,
-                                timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="variantlab-http", daemon=True)
+        self._listener = Listener(self.app, self.engine.stop, host, port, grace_s=grace_s, log_level=log_level)
+        self._thread = threading.Thread(target=self._listener.run, name="variantlab-http", daemon=True)
         self._thread.start()
         deadline = time.time() + 30
-        while not self._server.started:
+        while not self._listener.started:
             if time.time() > deadline or not self._thread.is_alive():
                 raise RuntimeError(f"the HTTP server did not start on {host}:{port}")
             time.sleep(0.02)
         self.port = port
         return f"http://{host}:{port}"
 
+    def serve(self, host: str, port: int, grace_s: float = GRACE_S, log=print) -> int | None:
+        """Serve on host:port in this (the main) thread until SIGTERM or SIGINT, then shut down (serve/
+        listener.py) and stop the engine; the signal that ended it."""
+        self._listener = Listener(self.app, self.engine.stop, host, port, grace_s=grace_s, log=log)
+        try:
+            return self._listener.run()
+        finally:
+            self.engine.stop()
+
     def close(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
+        """Shut the HTTP server down (serve/listener.py) and stop the engine."""
+        if self._listener is not None:
+            self._listener.stop()
             if self._thread is not None:
-                self._thread.join(10)
+                self._thread.join(self._listener.grace_s + 30)   # the drain, the engine's stop, the last answers
         self.engine.stop()
 
 

@@ -13,8 +13,12 @@ engine thread, in order), a `Load` report whenever its load changes, and `Metric
 a frozen dataclass; `Ready` carries `PROTOCOL`, checked by the router at the handshake.
 
 It dies with its parent: PR_SET_PDEATHSIG on Linux (as the bench's workers, measure/executor.py), and
-it exits when its pipe closes. It ignores SIGINT: a terminal's Ctrl-C reaches the whole process group,
-and the parent stops its workers itself.
+it exits when its pipe closes. It ignores SIGINT and SIGTERM: a terminal's Ctrl-C reaches the whole
+process group, and so does a service manager's SIGTERM (systemd signals every process of the unit),
+and the parent stops its workers itself (`Stop`), after its requests in flight have had their grace
+(serve/listener.py). A worker that returns runs multiprocessing's finalizers, which release the
+semaphores it made (tqdm's lock, made while transformers loads weights); one killed by a signal would
+leave them to the resource tracker, which warns of leaked semaphores at exit.
 """
 from __future__ import annotations
 
@@ -121,7 +125,8 @@ class MetricsReply:
 def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
     """The body of a worker process (module doc); everything it says goes up `conn`."""
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a terminal's Ctrl-C: the parent stops us
+    for sig in (signal.SIGINT, signal.SIGTERM):    # sent to the whole group: the parent stops us (module doc)
+        signal.signal(sig, signal.SIG_IGN)
     send_lock = threading.Lock()
 
     def send(msg) -> None:

@@ -54,7 +54,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import VariantlabError
-from .engine import FINISH_CANCELLED, FINISH_ERROR, QueueFull, ServeRequest, StreamEvent
+from .engine import FINISH_CANCELLED, FINISH_ERROR, QueueFull, ServeRequest, ShuttingDown, StreamEvent
 from .shedding import RETRY_AFTER_S, refusal
 from .worker import (PROTOCOL, Built, Calibrate, Cancel, Failed, Load, Log, MetricsQuery, MetricsReply, Ready, Stop,
                      Submit, WorkerSpec, worker_main)
@@ -213,8 +213,10 @@ class Router:
                 return msg
 
     def stop(self, timeout: float = 10.0) -> None:
-        """End every worker (asked first, killed after `timeout`); requests still in flight end cancelled."""
-        self._stopping = True
+        """End every worker (asked first, killed after `timeout`); requests still in flight end cancelled,
+        and later submits raise ShuttingDown. Stopping twice is stopping once."""
+        with self._lock:
+            self._stopping = True
         for w in self.workers:
             self._send(w, Stop())
         deadline = time.monotonic() + timeout
@@ -250,10 +252,12 @@ class Router:
     def submit(self, request: ServeRequest, sink: Callable[[StreamEvent], None]) -> None:
         """Route a request (module doc). ValueError for a variant no live worker holds or a request longer
         than its lane allows; QueueFull when every worker that could take it has max_queue in flight;
-        RuntimeError when no worker is left."""
+        ShuttingDown once stopped; RuntimeError when no worker is left."""
         if not request.prompt_ids:
             raise ValueError("the prompt has no tokens")
         with self._lock:
+            if self._stopping:
+                raise ShuttingDown()
             live = [w for w in self.workers if w.alive]
             if not live:
                 raise RuntimeError(self.error or "no serving worker is left")
