@@ -78,6 +78,11 @@ def stop_on_signals() -> None:
     """SIGTERM or SIGINT (the wrapper's `timeout`, Ctrl-C) ends every command still running — each in a
     session of its own, which the device machine would otherwise leave running — and raises Stopped."""
     def handler(signum, frame):
+        # once: `timeout` sends its SIGTERM twice (to the driver, then to its process group), and a second
+        # one inside the report's path, or after Python's exit restores the default handlers, would kill
+        # the driver by the signal (exit -15) before it wrote its report and returned 124
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for proc in list(RUNNING):
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -8,7 +8,7 @@ import pytest
 
 from variantlab.advise.constraints import FAIL, PASS, UNDECIDED
 from variantlab.advise.matrix import attention_guideline, selection_matrix
-from variantlab.advise.recommend import NOT_RUN, load_requirements, recommend, stored_requirements
+from variantlab.advise.recommend import NOT_RUN, load_requirements, recommend, shown_suite_path, stored_requirements
 from variantlab.errors import SuiteError
 from variantlab.suite import Requirements
 
@@ -210,3 +210,19 @@ def test_a_malformed_requirements_file_says_where(tmp_path):
     with pytest.raises(SuiteError, match="malformed YAML") as caught:
         load_requirements(path, STORED_SUITE)
     assert caught.value.field.startswith("line ")
+
+
+def test_a_caveats_suite_path_reads_the_same_from_bench_and_from_show(tmp_path, monkeypatch):
+    """bench stores the suite's absolute path; the caveat's command names it relative to the working folder
+    when it lies under it, whether it came from the command line (relative) or the store (absolute)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "suite.yaml").write_text("name: t\n")
+    monkeypatch.chdir(tmp_path)
+    assert shown_suite_path("a/suite.yaml") == shown_suite_path(tmp_path / "a" / "suite.yaml") == "a/suite.yaml"
+    monkeypatch.chdir(tmp_path / "a")
+    assert shown_suite_path(tmp_path / "a" / "suite.yaml") == "suite.yaml"
+    elsewhere = tmp_path / "b"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert shown_suite_path(tmp_path / "a" / "suite.yaml") == str((tmp_path / "a" / "suite.yaml").resolve())
+    assert shown_suite_path(tmp_path / "gone.yaml") is None and shown_suite_path(None) is None

@@ -82,3 +82,29 @@ def test_a_job_whose_artifact_is_not_on_the_node_fails_with_why(ray_cluster, tmp
     assert (record.status, blobs) == ("failed", {})
     assert record.reason.startswith("artifact folder /nowhere/at/all is not on node ")
     assert "shared filesystem" in record.reason
+
+
+SLOW_HANDLER = """
+import os, signal, sys, time
+from variantlab.measure.ray_executor import RayExecutor
+def ending(signum, frame):
+    time.sleep(4)                      # a shutdown longer than abseil's 3 s abort alarm
+    print("ended in our handler", flush=True)
+    sys.exit(130)
+signal.signal(signal.SIGTERM, ending)
+RayExecutor(cpus=1)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+"""
+
+
+@pytest.mark.slow
+def test_a_local_cluster_keeps_our_sigterm_handler_so_a_slow_shutdown_is_not_aborted(tmp_path):
+    """Ray's driver puts abseil's failure handler on SIGTERM, whose 3 s alarm aborted a run that took longer
+    to end (exit -6 and a core dump instead of 130); RayExecutor puts this process's own handler back."""
+    import subprocess
+    import sys
+    pytest.importorskip("ray")
+    proc = subprocess.run([sys.executable, "-c", SLOW_HANDLER], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert (proc.returncode, proc.stdout.strip()) == (130, "ended in our handler"), proc.stderr[-2000:]

@@ -389,7 +389,20 @@ def recommend_stored(store, run_id: str, requirements_path: str | Path | None = 
         requirements = Requirements.model_validate(stored_requirements(suite.get("requirements") or {}))
     if preset is not None:
         requirements = requirements.model_copy(update={"preset": preset})
-    return recommend(comparison, run_scenarios(suite), requirements, row.suite_path), comparison, row
+    return recommend(comparison, run_scenarios(suite), requirements, shown_suite_path(row.suite_path)), comparison, row
+
+
+def shown_suite_path(path: str | Path | None) -> str | None:
+    """The suite file as a caveat's command names it: relative to the working folder when it lies under it,
+    else absolute; None when there is no such file. `bench` and `show` both go through here, so a run's
+    results.json and a later `show --format json` from the same folder say the same command."""
+    if path is None or not Path(path).is_file():
+        return None
+    full = Path(path).resolve()
+    try:
+        return str(full.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(full)
 
 
 def run_scenarios(suite: dict) -> list[dict]:

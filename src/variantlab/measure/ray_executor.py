@@ -20,6 +20,9 @@ fails with that reason. Ray is an optional extra: `pip install 'variantlab[ray]'
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -80,6 +83,24 @@ def run_on_node(job_bytes: bytes, workdir: str, limits: Limits) -> bytes:
     return encode_result(record, blobs)
 
 
+@contextlib.contextmanager
+def _own_signal_handlers():
+    """Keep this process's SIGTERM and SIGINT handlers across ray.init. Ray's driver installs abseil's
+    failure handler for SIGTERM, which arms a 3 s alarm that aborts the process (SIGABRT, a core dump)
+    when the graceful shutdown after it takes longer, as ending a run's tasks and cluster does; ours
+    already ends a run as interrupted (cli.py), so put it back (main thread only, where it can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            if handler is not None:
+                signal.signal(s, handler)
+
+
 class RayExecutor:
     """Jobs as Ray tasks on a running cluster (`address`, e.g. "auto") or on a local one started here."""
 
@@ -95,8 +116,9 @@ class RayExecutor:
             try:
                 if address:
                     check_reachable(address)
-                ray.init(address=address, num_cpus=None if address else cpus, include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
+                with _own_signal_handlers():
+                    ray.init(address=address, num_cpus=None if address else cpus, include_dashboard=False,
+                             log_to_driver=False, configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise VariantlabError(f"cannot reach a Ray cluster at {address!r}: {str(e).splitlines()[0]}",
                                       field="--address", accepted="auto (the cluster this machine belongs to, "

@@ -350,10 +350,9 @@ class _Run:
                                                           self.events)
         recommendation = None
         if suite.requirements.given:
-            from ..advise.recommend import recommend
+            from ..advise.recommend import recommend, shown_suite_path
             recommendation = recommend(comparison, [sc.model_dump() for sc in suite.workload.scenarios],
-                                       suite.requirements,
-                                       plan.suite_path if Path(plan.suite_path).is_file() else None)
+                                       suite.requirements, shown_suite_path(plan.suite_path))
         result = BenchResult(self.run_id, suite.name, out, self.store_file, self.env, comparison,
                              time.perf_counter() - t0, explanations, explain_notes,
                              {v.name: v.resolved["summary"] for v in plan.variants if v.resolved}, recommendation)
