@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from variantlab.device_facts import DeviceFacts, GpuFacts, architecture, cpu_info, device_facts, isa_features
+import os
+import subprocess
+import sys
+
+import variantlab.device_facts as device_facts_module
+from variantlab.device_facts import (DeviceFacts, GpuFacts, architecture, available_cores, cpu_info, device_facts,
+                                    isa_features)
 
 EPYC = """processor\t: 0
 model name\t: AMD EPYC 9B14
@@ -56,3 +62,30 @@ def test_this_machine_gives_its_facts():
     facts = device_facts()
     assert facts.cores >= 1 and facts.cpu_model and set(facts.isa) >= {"AVX2", "VNNI", "AMX-BF16", "NEON"}
     assert facts.to_json()["isa"] == facts.isa
+
+
+# ---------------------------------------------------------------- the cores this process may use
+
+def test_available_cores_follows_the_affinity_mask():
+    one = sorted(os.sched_getaffinity(0))[0]
+    code = ("import os; os.sched_setaffinity(0, {%d}); "
+            "from variantlab.device_facts import available_cores; print(available_cores())" % one)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+    assert available_cores() == len(os.sched_getaffinity(0))
+
+
+def test_available_cores_without_affinity_falls_back_to_the_cpu_count(monkeypatch):
+    monkeypatch.delattr(device_facts_module.os, "sched_getaffinity")
+    monkeypatch.setattr(device_facts_module.os, "cpu_count", lambda: 3)
+    assert available_cores() == 3
+    monkeypatch.setattr(device_facts_module.os, "cpu_count", lambda: None)
+    assert available_cores() == 1
+
+
+def test_available_cores_honours_a_cgroup_cpu_quota(tmp_path):
+    affinity = available_cores(tmp_path / "missing")
+    (tmp_path / "cpu.max").write_text("100000 100000\n")     # one CPU's worth of quota
+    assert available_cores(tmp_path / "cpu.max") == 1
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert available_cores(tmp_path / "cpu.max") == affinity

@@ -7,8 +7,10 @@ environment record carries them (environment.host_fingerprint).
 """
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 # Instruction sets that decide which kernels run here, as (name shown, /proc/cpuinfo flags: any of).
 ISA_FEATURES = (
@@ -120,11 +122,24 @@ def this_cpu() -> tuple[str, list[str]]:
         return platform.processor() or platform.machine(), []
 
 
+def available_cores(cpu_max: str | Path = "/sys/fs/cgroup/cpu.max") -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota (a container
+    started with --cpus=2 on a 64-core machine gets 2), not every core of the machine."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
 def device_facts(with_gpus: bool = True) -> DeviceFacts:
     """This machine's facts. with_gpus=False needs no torch (the planning process)."""
-    import os
-
-    from .measure.plan import available_cores
     model, flags = this_cpu()
     return DeviceFacts(model, available_cores(), os.cpu_count(), isa_features(flags),
                        gpu_facts() if with_gpus else ())

@@ -3,7 +3,6 @@ order each round runs them in — checked up front, and without importing torch.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +13,7 @@ import yaml
 
 from variantlab.data.structured import generate_samples
 from variantlab.errors import DatasetError, ModelLoadError, RecipeError, SuiteError, VariantlabError
-from variantlab.measure import plan as plan_module
-from variantlab.measure.plan import CALIBRATION_LIMIT, available_cores, plan_suite_file
+from variantlab.measure.plan import CALIBRATION_LIMIT, plan_suite_file
 from variantlab.measure.trackers import tracker_from_config
 from variantlab.models.loading import BUILTIN_MODELS
 
@@ -198,23 +196,6 @@ def test_a_missing_dataset_is_raised(tmp_path):
 
 # ---------------------------------------------------------------- the machine
 
-def test_available_cores_follows_the_affinity_mask():
-    one = sorted(os.sched_getaffinity(0))[0]
-    code = ("import os; os.sched_setaffinity(0, {%d}); "
-            "from variantlab.measure.plan import available_cores; print(available_cores())" % one)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "1"
-    assert available_cores() == len(os.sched_getaffinity(0))
-
-
-def test_available_cores_without_affinity_falls_back_to_the_cpu_count(monkeypatch):
-    monkeypatch.delattr(plan_module.os, "sched_getaffinity")
-    monkeypatch.setattr(plan_module.os, "cpu_count", lambda: 3)
-    assert available_cores() == 3
-    monkeypatch.setattr(plan_module.os, "cpu_count", lambda: None)
-    assert available_cores() == 1
-
-
 def test_device_cuda_without_cuda_is_a_planning_error(tmp_path):
     """Issue 13: each variant failed with an AssertionError in its worker instead."""
     import torch
@@ -238,15 +219,6 @@ def test_planning_never_imports_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "3"
-
-
-def test_available_cores_honours_a_cgroup_cpu_quota(tmp_path):
-    from variantlab.measure.plan import available_cores
-    affinity = available_cores(tmp_path / "missing")
-    (tmp_path / "cpu.max").write_text("100000 100000\n")     # one CPU's worth of quota
-    assert available_cores(tmp_path / "cpu.max") == 1
-    (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert available_cores(tmp_path / "cpu.max") == affinity
 
 
 # ---------------------------------------------------------------- checks that used to run only in the worker

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ..data.jsonl import read_jsonl, summarize_skipped
+from ..device_facts import available_cores  # noqa: F401 - where planning and its callers read it
 from ..errors import DatasetError, RecipeError, SuiteError, VariantlabError
 from ..data.structured import generate_samples
 from ..models.loading import ModelDirInfo, check_model_dir, prompt_token_counts, resolve_model_path
@@ -98,22 +98,6 @@ def samples_digest(samples) -> str:
     """sha256 of the samples as JSON: a resumed run checks that its dataset is the one it began with."""
     import hashlib
     return hashlib.sha256(json.dumps(list(samples), sort_keys=True).encode()).hexdigest()
-
-
-def available_cores(cpu_max: str | Path = "/sys/fs/cgroup/cpu.max") -> int:
-    """The cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota (a container
-    started with --cpus=2 on a 64-core machine gets 2), not every core of the machine."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = Path(cpu_max).read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return cores
 
 
 def dataset_samples(ds, base_dir: Path, field: str = "workload.dataset") -> list[dict]:

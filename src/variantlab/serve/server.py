@@ -28,59 +28,17 @@ graded here, on the first worker's device, before the workers start; its models 
 """
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
 from ..errors import VariantlabError
-from .app import ServerLimits, create_app
+from .app import create_app
 from .engine import ServeEngine
-from .lane import Lane
+from .assembly import ServeOptions, allowed_by_floor, assemble_engine, build_engines  # noqa: F401 - re-exported
 from .listener import GRACE_S, Listener
-from .policies import POLICIES, AdaptivePolicy, SinglePolicy, StaticPolicy
-
-DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    policy: str = "adaptive"
-    variants: tuple[str, ...] = ()         # () : every variant of the suite (single/static: the first)
-    max_batch: int = 32
-    batch_size: int = 8                    # static
-    max_wait_s: float = 0.02               # static
-    max_queue: int = 256
-    context: int = 512                     # prompt + output tokens a request may use
-    prefill_chunk: int = 256
-    limits: ServerLimits = ServerLimits()
-    api_key: str | None = None
-    device: str = "cpu"
-    threads: int | None = None
-    accuracy_samples: int = 64             # graded for the accuracy floor
-    tpot_slo_s: float | None = None        # overrides the suite's
-    ttft_slo_s: float | None = None        # overrides the suite's (max_ttft_s p95, else slo.ttft_s)
-    workers: int = 1                       # serving processes (engine_process or > 1: behind a router)
-    engine_process: bool = False           # the engine in a worker process, apart from HTTP (the CLI's default)
-    devices: tuple[str, ...] = ()          # one per worker ("cpu", "cuda:N"); (): every worker on the CPU
-    worker_variants: tuple[tuple[str, ...], ...] = ()   # one set per worker; (): every worker holds all
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise VariantlabError(f"unknown policy {self.policy!r}", field="--policy", accepted=" | ".join(POLICIES))
-        if self.workers < 1:
-            raise VariantlabError(f"at least one worker is needed, got {self.workers}", field="--workers")
-        if self.devices and len(self.devices) != self.workers:
-            raise VariantlabError(f"{len(self.devices)} devices for {self.workers} workers", field="--devices",
-                                  accepted="one device per worker, e.g. --workers 2 --devices cpu,cuda:0")
-        for d in self.devices:
-            if not DEVICE_PATTERN.fullmatch(d):
-                raise VariantlabError(f"unknown device {d!r}", field="--devices", accepted="cpu | cuda | cuda:N")
-        if self.worker_variants and len(self.worker_variants) != self.workers:
-            raise VariantlabError(f"{len(self.worker_variants)} variant sets for {self.workers} workers",
-                                  field="worker_variants", accepted="one set of variants per worker")
-
+from .policy_kinds import policy_kind
 
 @dataclass
 class ServerHandle:
@@ -168,7 +126,7 @@ def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> Ser
     engines = build_engines([plan.variant(n) for n in dict.fromkeys([*names, *([plan.baseline] if floor else [])])],
                             plan.calibration_texts, options.device, log, plan.suite.trust_remote_code)
     accuracy = accuracy_floor(plan, engines, options.accuracy_samples)
-    allowed = _allowed(names, accuracy, log)
+    allowed = allowed_by_floor(names, accuracy, log)
     slo = options.tpot_slo_s if options.tpot_slo_s is not None else tpot_slo(plan.suite)
     engine, costs = assemble_engine(engines, allowed, options, slo, log)
     calibration = {n: c.to_json()["seconds"] for n, c in costs.items()}
@@ -187,7 +145,7 @@ def served_names(plan, options: ServeOptions) -> list[str]:
     if unknown:
         raise VariantlabError(f"no variant named {', '.join(map(repr, unknown))} in the suite", field="--variants",
                               accepted=", ".join(v.name for v in plan.variants))
-    if options.policy != "adaptive":
+    if not policy_kind(options.policy).routes:
         names = names[:1]
     return names
 
@@ -196,59 +154,6 @@ def has_accuracy_floor(plan) -> bool:
     from ..advise.presets import expand
     req = expand(plan.suite.requirements)
     return req.min_accuracy_retention is not None or req.min_task_accuracy is not None
-
-
-def build_engines(planned, calibration_texts, device: str, log=print, trust_remote_code: bool = False) -> dict:
-    """name → TorchEngine, each variant built by the library call (`variants.build`) on `device`;
-    `trust_remote_code`: the suite's switch."""
-    from ..backends.torch_engine import TorchEngine
-    from ..variants import build as variants
-    engines = {}
-    for pv in planned:
-        built = variants.build(str(pv.source), pv.definition, device, calibration_texts=calibration_texts,
-                               trust_remote_code=trust_remote_code)
-        engines[pv.name] = TorchEngine(built.model, built.tokenizer, device)
-        log(f"built {pv.name}: {built.facts.recipe}, {', '.join(built.facts.kernels[:2])}")
-    return engines
-
-
-def _allowed(names: list[str], accuracy: dict, log=print) -> list[str]:
-    for name, a in accuracy.items():
-        log(f"accuracy floor: {name} {'serves' if a['allowed'] else 'is not served'}: {a['why']}")
-    allowed = [n for n in names if accuracy.get(n, {}).get("allowed", True)]
-    if not allowed:
-        raise VariantlabError("no variant meets the suite's accuracy floor: "
-                              + "; ".join(f"{n}: {accuracy[n]['why']}" for n in names), field="requirements",
-                              accepted="a lower floor, or variants that keep the task")
-    return allowed
-
-
-def assemble_engine(engines: dict, names: list[str], options: ServeOptions, slo: float | None, log=print):
-    """(ServeEngine, variant → StepCost) over one Lane per name, with the options' policy; the step costs
-    are measured here for `adaptive` only ({} otherwise). The engine is not started."""
-    lanes = {}
-    for n in names:
-        try:
-            lanes[n] = Lane(n, engines[n], max_rows=options.max_batch, max_len=options.context,
-                            chunk=options.prefill_chunk)
-        except ValueError as e:
-            raise VariantlabError(str(e), field="--variants", accepted="variants with the model's own or gqa "
-                                  "attention") from None
-    costs = {}
-    first = names[0]
-    if options.policy == "single":
-        policy = SinglePolicy(first)
-    elif options.policy == "static":
-        policy = StaticPolicy(first, options.batch_size, options.max_wait_s)
-    else:
-        from .calibrate import step_cost
-        costs = {n: step_cost(lane) for n, lane in lanes.items()}
-        for n, c in costs.items():
-            log(f"measured {n}: decode step " + ", ".join(f"{b}: {1e3 * s:.2f} ms" for b, s in sorted(c.seconds.items())))
-        policy = AdaptivePolicy(costs, tpot_slo_s=slo, ttft_slo_s=options.ttft_slo_s, max_rows=options.max_batch)
-    engine = ServeEngine(lanes, policy, max_queue=options.max_queue)
-    engine.on_switch = log            # every switch, with its reason, where the server's log goes
-    return engine, costs
 
 
 def check_devices(devices) -> None:
@@ -292,7 +197,7 @@ def _build_routed(plan, options: ServeOptions, log=print) -> ServerHandle:
         gc.collect()
         if devices[0].startswith("cuda"):
             torch.cuda.empty_cache()
-    allowed = _allowed(names, accuracy, log)
+    allowed = allowed_by_floor(names, accuracy, log)
     slo = options.tpot_slo_s if options.tpot_slo_s is not None else tpot_slo(plan.suite)
     threads = worker_threads(devices, options.threads)
     specs = []
@@ -319,7 +224,7 @@ def worker_threads(devices, threads: int | None) -> list[int]:
     (at least one each) and a CUDA worker, whose host thread only launches kernels, takes one."""
     if threads:
         return [threads] * len(devices)
-    from ..measure.plan import available_cores
+    from ..device_facts import available_cores
     n_cpu = sum(1 for d in devices if d == "cpu")
     share = max(1, available_cores() // max(1, n_cpu))
     return [share if d == "cpu" else 1 for d in devices]

@@ -1,7 +1,7 @@
 """One serving worker process: the records on its pipe to the router (serve/workers.py) and its body.
 
 A worker sets its torch threads, builds its variants through the path build_server uses
-(`server.build_engines` over the plan's PlannedVariant definitions, then `server.assemble_engine`: one
+(`assembly.build_engines` over the plan's PlannedVariant definitions, then `assembly.assemble_engine`: one
 Lane per variant and the spec's policy), measures each lane's decode step at every batch size
 (serve/calibrate.step_cost: the router's cost model needs it whatever the policy) and starts its
 ServeEngine. The builds run side by side, the measurements one worker at a time: a worker says `Built`
@@ -46,7 +46,7 @@ class WorkerSpec:
     index: int
     variants: tuple                       # measure.plan.PlannedVariant, in the worker's order
     calibration_texts: tuple[str, ...]
-    options: Any                          # server.ServeOptions for this worker (workers=1, its device/threads)
+    options: Any                          # assembly.ServeOptions for this worker (workers=1, its device/threads)
     tpot_slo_s: float | None = None
     trust_remote_code: bool = False       # the suite's switch: may a checkpoint's own Python run
 
@@ -189,7 +189,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
 def _build(spec: WorkerSpec, log: Callable[[str], None]) -> dict:
     import torch
 
-    from .server import build_engines
+    from .assembly import build_engines
     if spec.options.threads:
         torch.set_num_threads(spec.options.threads)
     return build_engines(spec.variants, spec.calibration_texts, spec.options.device, log, spec.trust_remote_code)
@@ -198,7 +198,7 @@ def _build(spec: WorkerSpec, log: Callable[[str], None]) -> dict:
 def _assemble(spec: WorkerSpec, engines: dict, log: Callable[[str], None]):
     """The engine over the built variants, and every lane's measured step cost."""
     from .calibrate import step_cost
-    from .server import assemble_engine
+    from .assembly import assemble_engine
     engine, costs = assemble_engine(engines, list(spec.options.variants), spec.options, spec.tpot_slo_s, log)
     for name, lane in engine.lanes.items():   # single and static measure nothing: routing needs it all the same
         if name not in costs:

@@ -55,6 +55,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import VariantlabError
 from .engine import FINISH_CANCELLED, FINISH_ERROR, QueueFull, ServeRequest, ShuttingDown, StreamEvent
+from .policy_kinds import policy_kind
 from .shedding import RETRY_AFTER_S, refusal
 from .worker import (PROTOCOL, Built, Calibrate, Cancel, Failed, Load, Log, MetricsQuery, MetricsReply, Ready, Stop,
                      Submit, WorkerSpec, worker_main)
@@ -325,7 +326,7 @@ class Router:
     @staticmethod
     def _ttft_slo(w: Worker) -> float | None:
         """The TTFT SLO a worker's policy keeps, by which the router sheds (adaptive only)."""
-        return w.spec.options.ttft_slo_s if w.spec.options.policy == "adaptive" else None
+        return w.spec.options.ttft_slo_s if policy_kind(w.spec.options.policy).keeps_slos else None
 
     def _current(self, w: Worker) -> str:
         return w.load.current if w.load else next(iter(w.ready.max_len))

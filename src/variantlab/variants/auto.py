@@ -141,7 +141,7 @@ class AutoRecipe:
         """The concrete recipe for this machine and the suite's workload (never raises for unknown
         hardware: the fallback is fp32, with a note)."""
         from ..hwconfig import BATCH_HEAVY, DECODE_HEAVY, machine_config
-        from ..measure.plan import available_cores
+        from ..device_facts import available_cores
         from .registry import parse_options
 
         opts = parse_options(self, options, file=file, field=f"{field}.options" if field else None)

@@ -35,7 +35,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ...backends.base import GenerationRequest, RequestEnd, TokenEvent
 from ...spec_model import SpecModel
@@ -47,6 +47,11 @@ from ...sizes import MAX_BATCH, MAX_DURATION_S
 from .common import PassOutput, Scenario, ScenarioOutput, requests_for
 
 KEEP_UP = 0.9     # without SLOs, a phase holds when it completes this share of the offered rate
+
+
+def _policy_names() -> tuple[str, ...]:
+    from ...serve.policy_kinds import policy_names
+    return policy_names()
 
 
 class ServerSpec(SpecModel):
@@ -65,13 +70,21 @@ class ServerSpec(SpecModel):
     duration_s: float = Field(10.0, gt=0, le=MAX_DURATION_S, description="seconds of recorded arrivals per phase")
     warmup_s: float = Field(1.0, ge=0, le=3600, description="seconds of unrecorded arrivals before each phase")
     drain_s: float = Field(30.0, ge=0, le=3600, description="how long to wait for requests still running")
-    policy: Literal["single", "static", "adaptive"] = Field("adaptive", description="a local variant's batch "
-                                                            "policy (an endpoint batches as it does)")
+    policy: str = Field("adaptive", description="a local variant's batch policy, one of serve/policy_kinds.py's "
+                        "(an endpoint batches as it does)", json_schema_extra=lambda schema: schema.update(
+                            enum=list(_policy_names())))
     max_batch: int = Field(32, ge=1, le=MAX_BATCH)
     batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="static: the batch it waits for")
     max_wait_ms: float = Field(20.0, ge=0, le=60_000, description="static: the longest wait for a batch")
     max_queue: int = Field(1024, ge=1, le=1_000_000, description="a local server's queue bound (then 429)")
     attainment: float = Field(0.95, gt=0, le=1, description="share of requests that must meet every SLO")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in _policy_names():
+            raise ValueError(f"unknown policy {v!r}: accepted {' | '.join(_policy_names())}")
+        return v
 
     @model_validator(mode="after")
     def _one_load(self) -> "ServerSpec":
@@ -119,16 +132,12 @@ class LocalClient:
     def __init__(self, engine, spec: ServerSpec, max_len: int, clock=time.perf_counter):
         from ...serve.engine import ServeEngine
         from ...serve.lane import Lane
-        from ...serve.policies import AdaptivePolicy, SinglePolicy, StaticPolicy
+        from ...serve.policy_kinds import PolicySettings, make_policy, policy_kind
         self.text, self.clock = engine, clock
-        lane = Lane("v", engine, max_rows=1 if spec.policy == "single" else spec.max_batch, max_len=max_len)
-        if spec.policy == "single":
-            policy = SinglePolicy("v")
-        elif spec.policy == "static":
-            policy = StaticPolicy("v", spec.batch_size, spec.max_wait_ms / 1e3)
-        else:
-            from ...serve.calibrate import step_cost
-            policy = AdaptivePolicy({"v": step_cost(lane)}, tpot_slo_s=None, max_rows=spec.max_batch)
+        kind = policy_kind(spec.policy, field="policy")
+        lane = Lane("v", engine, max_rows=spec.max_batch if kind.batches else 1, max_len=max_len)
+        policy, _ = make_policy(kind.name, {"v": lane}, PolicySettings(max_rows=spec.max_batch, batch_size=spec.batch_size,
+                                                                        max_wait_s=spec.max_wait_ms / 1e3))
         self.engine = ServeEngine({"v": lane}, policy, max_queue=spec.max_queue, clock=clock).start()
 
     def set_slo(self, tpot_s: float | None, ttft_s: float | None = None) -> None:
