@@ -252,9 +252,17 @@ def test_planning_without_auto_imports_no_torch(tmp_path):
     assert out.stdout.strip() == "False", out.stderr
 
 
-def test_the_recipes_command_lists_auto():
-    from variantlab.variants.registry import RECIPES
-    assert "auto" in RECIPES and RECIPES["auto"].options_model.model_fields.keys() == {"candidates", "workload"}
+def test_the_recipes_command_lists_auto(tmp_path):
+    """auto is a planning-time recipe: registered by planning (measure/auto_recipe.py), not among the buildable
+    ones, and listed by `variantlab recipes` all the same."""
+    from tests.test_cli import run_cli
+    from variantlab.measure import auto_recipe  # noqa: F401 - planning imports it, which registers it
+    from variantlab.variants.registry import PLAN_TIME, RECIPES, get_recipe
+    assert "auto" not in RECIPES and get_recipe("auto") is PLAN_TIME["auto"]
+    assert PLAN_TIME["auto"].options_model.model_fields.keys() == {"candidates", "workload"}
+    listed = run_cli("recipes", cwd=tmp_path)
+    assert listed.returncode == 0 and any(line.split()[1:2] == ["auto"] for line in listed.stdout.splitlines()
+                                          if len(line.split()) > 1), listed.stdout
 
 
 @pytest.mark.slow

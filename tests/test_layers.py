@@ -22,7 +22,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                         "serve.sampling", "serve.detok", "serve.shedding", "serve.admission", "serve.protocol",
                         "serve.body", "serve.metrics")),
     ("measure", ("measure", "store")),
-    ("suite and plan", ("suite", "advise.objectives", "advise.presets", "measure.plan", "measure.stored_suite")),
+    ("suite and plan", ("suite", "advise.objectives", "advise.presets", "measure.plan", "measure.auto_recipe",
+                        "measure.stored_suite")),
     ("orchestration", ("measure.runner", "measure.run_lock", "measure.ray_executor")),
     ("analysis and outputs", ("explain", "advise", "report")),
     ("interfaces", ("cli", "serve", "variantlab")),
@@ -31,7 +32,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # (importer, imported): the upward imports still to be removed (issue 23); strike each off as it goes
 KNOWN_UPWARD = {
     ("backends.base", "measure.records"),
-    ("variants.auto", "hwconfig"),
     ("variants.calibration", "measure.accuracy"),
     ("variants.compiled", "backends.base"),
     ("measure.trackers.profile", "explain.counters"),
@@ -42,11 +42,9 @@ KNOWN_UPWARD = {
     ("measure.runner", "report.files"),
 }
 
-# the import circles still to be broken (issue 23): `recipe: auto` as a recipe (to become a planning-time
-# resolver), and the runner attaching explain, recommend and report (to become steps after a run, read
-# through a runs read-model)
+# the import circle still to be broken (issue 23): the runner attaching explain, recommend and report (to
+# become steps after a run, read through a runs read-model)
 KNOWN_CIRCLES = [
-    {"variants.registry", "variants.auto", "hwconfig", "kernel_times"},
     {"measure.runner", "explain.run", "report.files", "advise.recommend"},
 ]
 

@@ -402,9 +402,10 @@ def recipes() -> None:
     """List the recipes a variant can name."""
     from rich.table import Table
 
-    from .variants.registry import RECIPES
+    from .measure import auto_recipe  # noqa: F401 - registers the planning-time recipe
+    from .variants.registry import PLAN_TIME, RECIPES
     t = Table("recipe", "what it builds", "options")
-    for name, r in RECIPES.items():
+    for name, r in (RECIPES | PLAN_TIME).items():
         t.add_row(name, r.description, ", ".join(r.options_model.model_fields) or "—")
     console.print(t)
 

@@ -9,7 +9,7 @@ what a round shares (asv and Google Benchmark interleave for the same reason).
 `make_plan` raises every input problem (VariantlabError) before anything runs — all of them at once,
 in one line, so that a variant with two problems (int4 options and a gqa that does not divide the
 heads) is not fixed and rerun twice. Planning imports torch only for a recipe resolved at plan time
-(`recipe: auto`, variants/auto.py: it times this machine's kernels once, then reads them from the
+(`recipe: auto`, measure/auto_recipe.py: it times this machine's kernels once, then reads them from the
 cache), for `device: cuda`, and for a model whose learned position table bounds the sequence (GPT-2):
 its tokenizer counts the dataset's prompts (`check_positions`), once per checkpoint.
 """
@@ -30,6 +30,7 @@ from ..models.loading import ModelDirInfo, check_model_dir, prompt_token_counts,
 from ..suite import Suite, load_suite
 from ..variants.build import VariantDefinition
 from ..variants.registry import get_recipe, resolve_variant_attention, resolve_variant_recipe
+from . import auto_recipe  # noqa: F401 - registers `recipe: auto` with the recipe registry
 from .trackers import standard_trackers
 
 CALIBRATION_LIMIT = 512   # texts handed to a build job at most
@@ -40,7 +41,7 @@ MIN_CALIBRATION = 16      # samples left after the scored ones, for the workload
 class PlannedVariant:
     definition: VariantDefinition
     source: Path                      # the checkpoint it is built from
-    resolved: dict | None = None      # what a plan-time recipe (auto) chose and why: variants/auto.Resolution
+    resolved: dict | None = None      # what a plan-time recipe (auto) chose and why: measure/auto_recipe.Resolution
     position_limit: tuple[int, str] | None = None   # its model's learned position table: (positions, why)
 
     @property

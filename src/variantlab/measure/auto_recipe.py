@@ -1,5 +1,9 @@
 """`recipe: auto`: a variant whose recipe is chosen for this machine and the suite's workload when the suite is planned.
 
+A planning-time recipe: it sits above the recipes it chooses from (it reads the machine layer: hwconfig,
+kernel_times), so it registers itself with variants/registry.py (`register_plan_time`) when planning
+imports it, and the registry never imports it (docs/architecture.md).
+
 Planning (measure/plan.py) asks a recipe that has `resolve` to name a concrete one: auto reads the
 suite's workload as linear-layer calls (`suite_workload`: each scenario's batch, requests, prompt and
 answer tokens, counted with the model's tokenizer), takes the model's shape (hidden → intermediate, the
@@ -22,7 +26,8 @@ from pydantic import Field
 
 from ..errors import RecipeError
 from ..spec_model import SpecModel
-from .linear_widths import by_width, quantized_in_features, undivided
+from ..variants.linear_widths import by_width, quantized_in_features, undivided
+from ..variants.registry import parse_options, register_plan_time
 
 Timed = Literal["fp32", "bf16", "fp16", "int8", "int4", "w8a8", "w4a8"]
 GROUP_SIZE = 64          # int4 / w4a8 default group size: every in_features must divide by it
@@ -142,7 +147,6 @@ class AutoRecipe:
         hardware: the fallback is fp32, with a note)."""
         from ..hwconfig import BATCH_HEAVY, DECODE_HEAVY, machine_config
         from ..device_facts import available_cores
-        from .registry import parse_options
 
         opts = parse_options(self, options, file=file, field=f"{field}.options" if field else None)
         shape = model_shape(config)
@@ -166,3 +170,6 @@ class AutoRecipe:
         if notes:
             cfg = replace(cfg, notes=cfg.notes + tuple(notes))
         return Resolution(cfg.recipe, dict(cfg.options), cfg.compile, cfg.summary(), cfg.to_json())
+
+
+register_plan_time(AutoRecipe())
