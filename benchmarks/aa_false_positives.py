@@ -30,7 +30,8 @@ import yaml
 
 import variantlab
 from variantlab.measure.plan import available_cores, plan_suite_file
-from variantlab.measure.runner import run_build, run_plan
+from variantlab.measure.runner import run_build
+from variantlab.pipeline import run_plan
 from variantlab.suite import DEFAULT_ROUNDS
 
 SUITE = {

@@ -25,7 +25,7 @@ def bench(suite_path, *, store=None, output_dir=None, artifacts=None, rounds=Non
     import warnings
 
     from .measure.plan import plan_suite_file
-    from .measure.runner import run_plan
+    from .pipeline import run_plan
     plan = plan_suite_file(suite_path, skip_bad_lines=skip_bad_lines)
     for line in plan.warnings:
         warnings.warn(line, stacklevel=2)

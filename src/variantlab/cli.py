@@ -151,7 +151,8 @@ def bench(suite: Optional[Path] = typer.Argument(None, help="suite file (YAML); 
 
     from .measure.plan import plan_suite_file
     from .measure.ray_executor import make_executor
-    from .measure.runner import RunInterrupted, check_artifacts_dir, resume_run, run_plan
+    from .measure.runner import RunInterrupted, check_artifacts_dir
+    from .pipeline import resume_run, run_plan
 
     _terminate_as_interrupt()
     runner = None
@@ -442,7 +443,7 @@ def show(run: str = typer.Argument(..., help="run id (or a unique prefix)"),
                                  "and variant)"),
          markdown: bool = typer.Option(False, "--markdown", help="the same as --format markdown")) -> None:
     """Reprint a stored run's comparison (an interrupted or running run: what it measured so far)."""
-    from .measure.runner import stored_comparison
+    from .measure.runs import stored_comparison
     from .report.files import results_csv, results_json_text
     from .report.markdown import comparison_markdown
     from .report.stored import stored_results

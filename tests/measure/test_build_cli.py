@@ -13,7 +13,7 @@ import yaml
 
 from variantlab.measure.executor import run_one_at_a_time
 from variantlab.measure.plan import plan_suite_file
-from variantlab.measure.runner import run_bench, run_plan
+from variantlab.pipeline import run_bench, run_plan
 from variantlab.measure.wire import BuildJob, BuildRecord, MeasurementRecord
 from variantlab.report.format import fmt_value
 from variantlab.store import Store

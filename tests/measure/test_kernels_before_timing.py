@@ -10,7 +10,8 @@ import pytest
 from variantlab.measure.analysis import analyse
 from variantlab.measure.executor import LocalProcessExecutor
 from variantlab.measure.plan import plan_suite_file
-from variantlab.measure.runner import Events, run_build, run_plan
+from variantlab.measure.runner import Events, run_build
+from variantlab.pipeline import run_plan
 from variantlab.measure.trackers import ColdStart
 from variantlab.measure.wire import BuildJob, MeasureJob, TrackerJob
 from variantlab.measure.worker import run_job

@@ -266,7 +266,7 @@ def test_sigterm_ends_a_ray_run_as_interrupted_and_leaves_no_process_behind(tmp_
 @pytest.mark.slow
 def test_a_run_begun_with_a_relative_suite_path_replans_from_any_working_folder(tmp_path, monkeypatch):
     """The stored suite path is absolute: a resume from another folder finds the suite's relative dataset."""
-    from variantlab.measure.runner import run_bench
+    from variantlab.pipeline import run_bench
     from variantlab.store import Store
 
     (tmp_path / "a").mkdir()

@@ -333,7 +333,7 @@ def test_a_variant_whose_every_scenario_raised_fails_and_keeps_its_record(tmp_pa
     import dataclasses
 
     from variantlab.measure.plan import plan_suite_file
-    from variantlab.measure.runner import run_plan
+    from variantlab.pipeline import run_plan
     from variantlab.measure.scenarios.common import Scenario
     from variantlab.measure.tracker import WorkloadSettings
 

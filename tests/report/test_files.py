@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from variantlab.errors import VariantlabError
-from variantlab.measure.runner import RESULTS_SCHEMA
+from variantlab.measure.runs import RESULTS_SCHEMA
 from variantlab.report.files import check_output_file, results_json_schema, results_json_text, write_page
 
 

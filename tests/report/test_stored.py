@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from tests.report.test_html import comparison
-from variantlab.measure.runner import RESULTS_SCHEMA
+from variantlab.measure.runs import RESULTS_SCHEMA
 from variantlab.report.files import results_json_schema, results_json_text
 from variantlab.report.stored import (explanations_in, has_requirements, run_page, scenario_specs,
                                       stored_recommendation, stored_results)

@@ -266,7 +266,7 @@ class RunData:
 
 def load_run(store, run_id: str) -> RunData:
     """A stored run, analysed afresh from its records (StoreError: unknown run, or another version's)."""
-    from ..measure.runner import reanalyse
+    from ..measure.runs import reanalyse
     from ..measure.stored_suite import workload_as_measured
     row = store.run(run_id)
     comparison, samples, records = reanalyse(store, row)

@@ -379,7 +379,7 @@ def stored_requirements(d: dict) -> dict:
 
 def recommend_stored(store, run_id: str, requirements_path: str | Path | None = None, preset: str | None = None):
     """The recommendation for a stored run: under its suite's requirements, a requirements file, or a preset."""
-    from ..measure.runner import stored_comparison
+    from ..measure.runs import stored_comparison
     from ..suite import Requirements
     comparison, row = stored_comparison(store, run_id)
     suite = row.suite
@@ -390,6 +390,17 @@ def recommend_stored(store, run_id: str, requirements_path: str | Path | None = 
     if preset is not None:
         requirements = requirements.model_copy(update={"preset": preset})
     return recommend(comparison, run_scenarios(suite), requirements, shown_suite_path(row.suite_path)), comparison, row
+
+
+def recommend_step(run, result):
+    """The step after a run whose suite has requirements (measure/runner.AfterRun): the recommendation."""
+    import dataclasses
+    suite = run.plan.suite
+    if not suite.requirements.given:
+        return result
+    return dataclasses.replace(result, recommendation=recommend(
+        result.comparison, [sc.model_dump() for sc in suite.workload.scenarios], suite.requirements,
+        shown_suite_path(run.plan.suite_path)))
 
 
 def shown_suite_path(path: str | Path | None) -> str | None:

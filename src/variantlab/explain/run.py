@@ -257,7 +257,7 @@ def explain_run(store_path: str | Path, run_id: str, a: str, b: str, *, rounds: 
     """Profile A and B of a stored run and explain B against A; write explain/<A>-vs-<B>.{json,md} in the
     run's folder. Returns (explanation, folder)."""
     from ..measure.plan import available_cores, dataset_samples
-    from ..measure.runner import stored_comparison
+    from ..measure.runs import stored_comparison
     from ..measure.stored_suite import stored_suite
     from ..store import Store
 
@@ -310,6 +310,37 @@ def explain_pair(targets: tuple[Target, Target], suite, samples, *, threads: int
     explanation = explain_profiles(targets[0].name, targets[1].name, profiles, run_id=run_id, comparison=comparison)
     write_explanation(explanation, folder)
     return explanation
+
+
+def explain_step(run, result):
+    """The step after a run for `explain: true` (measure/runner.AfterRun): every variant measured slower than
+    the baseline explained against it. A variant whose profiling fails, or Ctrl-C while profiling, leaves a
+    note; the measured run is already stored."""
+    import dataclasses
+
+    from ..measure.runner import slower_than_baseline
+    plan = run.plan
+    if not plan.suite.explain:
+        return result
+    base = plan.baseline
+    slower = slower_than_baseline(result.comparison)
+    if not slower:
+        return dataclasses.replace(result, explain_notes=(
+            "explain: no variant was slower than the baseline beyond its interval; nothing to explain",))
+    done, notes = [], []
+    for name in slower:
+        targets = tuple(Target(n, plan.variant(n).definition.to_json(), run.builds[n].artifact_dir) for n in (base, name))
+        try:
+            done.append(explain_pair(targets, plan.suite, plan.samples, threads=run.threads,
+                                     folder=run.out / "explain" / f"{base}-vs-{name}", run_id=run.out.name,
+                                     comparison=result.comparison, executor=run.executor, on_job=run.events.on_job))
+        except ExplainFailed as e:
+            notes.append(f"explain {name}: {e}")
+        except KeyboardInterrupt:
+            run.executor.kill()
+            notes.append("explain: interrupted; the run itself is complete and stored")
+            break
+    return dataclasses.replace(result, explanations=tuple(done), explain_notes=tuple(notes))
 
 
 def finite(obj):

@@ -1,6 +1,8 @@
-"""The bench and build verbs: plan → builds → interleaved rounds → store → comparison → reports.
+"""The bench and build verbs carried out: plan → builds → interleaved rounds → store → comparison.
 
-`run_bench` is what `variantlab bench` and `variantlab.bench()` call. Input problems are raised
+`measure_plan` (and `measure_resumed`) is what pipeline.run_plan — which `variantlab bench` and
+`variantlab.bench()` call — runs, attaching the steps after a run (explain, recommend, the reports: each in
+its own layer above this one, docs/architecture.md). Input problems are raised
 before anything runs (VariantlabError). Then:
 1. every variant's artifact is reused (from `artifacts_dir` or the run folder, when it matches) or
    built in a fresh worker — every variant, dtype ones too, so that each measurement loads weights
@@ -15,6 +17,7 @@ A variant that fails is recorded with its reason and the others go on. An interr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -22,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..environment import host_fingerprint
 from ..errors import StoreError, VariantlabError
@@ -32,14 +35,10 @@ from ..variants.build import calibration_digest
 from .analysis import Comparison, analyse
 from .executor import Executor, LocalProcessExecutor, Task
 from .limits import Limits
-from .plan import Plan, PlannedVariant, available_cores, plan_suite_file
+from .plan import Plan, PlannedVariant, available_cores
 from .run_lock import run_lock
+from .runs import RESULTS_SCHEMA
 from .wire import BuildJob, BuildRecord, MeasureJob, TrackerJob
-
-
-RESULTS_SCHEMA = "variantlab.results/1"
-"""The version of results.json (and of `bench --json`, `show --format json`); report/results.schema.json
-describes it. A change that breaks a reader bumps the number."""
 
 
 class RunInterrupted(Exception):
@@ -91,14 +90,27 @@ class BenchResult:
         return out
 
 
+@dataclass(frozen=True)
+class FinishedRun:
+    """What a step after a run (AfterRun) may use beside the result: the plan, the builds, and the run's own
+    executor, threads and events (explain's profiling runs through them)."""
+
+    plan: Plan
+    run_id: str
+    out: Path
+    builds: dict          # variant → BuildRecord
+    executor: Executor
+    threads: int
+    events: Events
+
+
+AfterRun = Callable[[FinishedRun, BenchResult], BenchResult]
+"""A step after a run: the result with what it adds (explanations, a recommendation) or having written
+something (the reports). pipeline.AFTER_RUN holds the bench's own: explain, recommend, reports."""
+
+
 def new_run_id() -> str:
     return datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-
-
-def run_bench(suite_path: str | Path, *, rounds: int | None = None, **kwargs) -> BenchResult:
-    """Measure every variant of a suite file; return the comparison (also stored and reported)."""
-    plan = plan_suite_file(suite_path)
-    return run_plan(plan.with_rounds(rounds) if rounds is not None else plan, **kwargs)
 
 
 def make_folder(path: Path, what: str, field: str, accepted: str) -> Path:
@@ -151,10 +163,11 @@ def _signals_held():
             signal.signal(s, h)
 
 
-def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: str | Path | None = None,
-             executor: Executor | None = None, artifacts_dir: str | Path | None = None,
-             events: Events | None = None) -> BenchResult:
-    """Build, then measure a checked plan round by round, storing each record as it arrives.
+def measure_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: str | Path | None = None,
+                 executor: Executor | None = None, artifacts_dir: str | Path | None = None,
+                 events: Events | None = None, after: Sequence[AfterRun] = ()) -> BenchResult:
+    """Build, then measure a checked plan round by round, storing each record as it arrives; then the steps
+    `after` the run, in order (pipeline.run_plan attaches explain, recommend and the reports).
 
     `artifacts_dir` (e.g. what `variantlab build` wrote): a valid artifact in artifacts_dir/<variant>
     is reused; a missing or stale one is built into the run folder (artifacts_dir is never written)."""
@@ -174,12 +187,12 @@ def run_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir: st
         store.create_run(run_id, suite.model_dump(mode="json"), str(Path(plan.suite_path).resolve()),
                          plan.to_json(), env, str(out.resolve()))
         run = _Run(plan, run_id, out, store, store_file, executor or LocalProcessExecutor(), events or Events(),
-                   threads, env, machine_warnings(threads), artifacts_dir)
+                   threads, env, machine_warnings(threads), artifacts_dir, after)
         return run.carry_out(t0)
 
 
-def resume_run(run_id: str, *, store_path: str | Path | None = None, executor: Executor | None = None,
-               events: Events | None = None) -> BenchResult:
+def measure_resumed(run_id: str, *, store_path: str | Path | None = None, executor: Executor | None = None,
+                    events: Events | None = None, after: Sequence[AfterRun] = ()) -> BenchResult:
     """Finish a run that did not end (its bench was killed, or interrupted): the plan is made again from the
     stored suite and must match the stored one; what finished is kept as it is, and only the builds and
     measurements without a record run, with the run's own threads."""
@@ -202,7 +215,7 @@ def resume_run(run_id: str, *, store_path: str | Path | None = None, executor: E
             threads = int(row.environment.get("threads_per_worker") or available_cores())
             store.reopen_run(row.run_id)
             run = _Run(plan, row.run_id, out, store, store_file, executor or LocalProcessExecutor(),
-                       events or Events(), threads, row.environment, machine_warnings(threads), None)
+                       events or Events(), threads, row.environment, machine_warnings(threads), None, after)
             return run.carry_out(t0, resumed=True)
 
 
@@ -228,7 +241,7 @@ def replan(row, store_file: Path) -> Plan:
 @dataclass
 class _Run:
     """One run being carried out (new or resumed): builds, then the measurements without a record, each record
-    committed as it arrives; then the comparison, the explanations, the recommendation and the reports."""
+    committed as it arrives; then the comparison, and the steps after the run its caller attached."""
 
     plan: Plan
     run_id: str
@@ -241,6 +254,7 @@ class _Run:
     env: dict
     warnings: list[str]
     artifacts_dir: str | Path | None
+    after: Sequence[AfterRun] = ()
     kept: int = 0
 
     def carry_out(self, t0: float, resumed: bool = False) -> BenchResult:
@@ -343,25 +357,15 @@ class _Run:
                           run_once=run_once, trust_remote_code=suite.trust_remote_code)
 
     def _report(self, t0: float, builds: dict, comparison: Comparison) -> BenchResult:
-        plan, suite, out = self.plan, self.plan.suite, self.out
-        explanations, explain_notes = (), ()
-        if suite.explain:
-            explanations, explain_notes = _explain_slower(plan, builds, comparison, out, self.executor, self.threads,
-                                                          self.events)
-        recommendation = None
-        if suite.requirements.given:
-            from ..advise.recommend import recommend, shown_suite_path
-            recommendation = recommend(comparison, [sc.model_dump() for sc in suite.workload.scenarios],
-                                       suite.requirements, shown_suite_path(plan.suite_path))
-        result = BenchResult(self.run_id, suite.name, out, self.store_file, self.env, comparison,
-                             time.perf_counter() - t0, explanations, explain_notes,
-                             {v.name: v.resolved["summary"] for v in plan.variants if v.resolved}, recommendation)
-        from ..report.files import write_reports
-        try:
-            write_reports(result)
-        except OSError as e:
-            raise VariantlabError(f"cannot write the run's reports ({e.strerror}); the run is stored as "
-                                  f"{self.run_id}", file=str(out), accepted="a writable folder") from None
+        """The result, then each step after the run in order (explain, recommend, the reports: what the caller
+        attached), each seeing what the steps before it added; wall_s counts up to each step's end."""
+        plan = self.plan
+        result = BenchResult(self.run_id, plan.suite.name, self.out, self.store_file, self.env, comparison,
+                             time.perf_counter() - t0,
+                             resolved={v.name: v.resolved["summary"] for v in plan.variants if v.resolved})
+        finished = FinishedRun(plan, self.run_id, self.out, builds, self.executor, self.threads, self.events)
+        for step in self.after:
+            result = dataclasses.replace(step(finished, result), wall_s=time.perf_counter() - t0)
         return result
 
 
@@ -379,31 +383,6 @@ def slower_than_baseline(comparison: Comparison) -> list[str]:
                 slower.append(name)
                 break
     return slower
-
-
-def _explain_slower(plan: Plan, builds: dict, comparison: Comparison, out: Path, executor: Executor, threads: int,
-                    events: Events) -> tuple[tuple, tuple[str, ...]]:
-    """`explain: true`: the explanation of every variant slower than the baseline, against it. A variant whose
-    profiling fails, or Ctrl-C while profiling, leaves a note; the measured run is already stored."""
-    from ..explain.run import ExplainFailed, Target, explain_pair
-    base = plan.baseline
-    slower = slower_than_baseline(comparison)
-    if not slower:
-        return (), ("explain: no variant was slower than the baseline beyond its interval; nothing to explain",)
-    done, notes = [], []
-    for name in slower:
-        targets = tuple(Target(n, plan.variant(n).definition.to_json(), builds[n].artifact_dir) for n in (base, name))
-        try:
-            done.append(explain_pair(targets, plan.suite, plan.samples, threads=threads,
-                                     folder=out / "explain" / f"{base}-vs-{name}", run_id=out.name,
-                                     comparison=comparison, executor=executor, on_job=events.on_job))
-        except ExplainFailed as e:
-            notes.append(f"explain {name}: {e}")
-        except KeyboardInterrupt:
-            executor.kill()
-            notes.append("explain: interrupted; the run itself is complete and stored")
-            break
-    return tuple(done), tuple(notes)
 
 
 def mismatch(plan: Plan, v: PlannedVariant, artifact: Path) -> str | None:
@@ -497,31 +476,3 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
         executor.kill()
         raise
     return {v.name: results[v.name] for v in plan.variants}
-
-
-def stored_comparison(store: Store, run_id: str) -> tuple[Comparison, object]:
-    """A stored run's comparison: as saved when it finished, else analysed now from its records
-    (an interrupted or running run shows what it measured)."""
-    row = store.run(run_id)
-    if row.comparison:
-        return Comparison.from_json(row.comparison), row
-    return reanalyse(store, row)[0], row
-
-
-def reanalyse(store: Store, row) -> tuple[Comparison, dict, list]:
-    """A stored run (store.run's row) analysed afresh from its records: its comparison, every row's
-    samples by round per variant (analysis.round_samples) and its measurement records."""
-    from .analysis import round_samples
-    from .trackers import tracker_from_config
-    plan = row.plan
-    try:
-        trackers = [tracker_from_config(t["kind"], t["config"]) for t in plan["trackers"]]
-        names = [v["name"] for v in plan["variants"]]
-        builds, records = store.records(row.run_id, "build"), store.records(row.run_id, "measure")
-        comparison = analyse(trackers, names, plan["baseline"], builds, records, store.blob)
-        samples = round_samples(trackers, names, builds, records)
-    except (KeyError, TypeError, ValueError) as e:   # a plan or record of another variantlab version
-        raise StoreError(f"run {row.run_id} was written by another version of variantlab and cannot be "
-                         f"analysed here ({type(e).__name__}: {e})", file=str(store.path),
-                         accepted="a run written by this version") from None
-    return comparison, samples, records

@@ -52,6 +52,17 @@ def write_reports(result) -> None:
     (out / "results.csv").write_text(results_csv(result.comparison), encoding="utf-8")
 
 
+def reports_step(run, result):
+    """The last step after a run (measure/runner.AfterRun): report.md, results.json and results.csv in the run
+    folder; an OS error is bad input naming the folder (the run is stored all the same)."""
+    try:
+        write_reports(result)
+    except OSError as e:
+        raise VariantlabError(f"cannot write the run's reports ({e.strerror}); the run is stored as "
+                              f"{result.run_id}", file=str(result.output_dir), accepted="a writable folder") from None
+    return result
+
+
 def check_output_file(path: Path, option: str = "--output") -> None:
     """Raise (bad input) unless `path` can be written as a file: its folder exists and is a folder, and it is
     not a folder itself."""

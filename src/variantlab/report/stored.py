@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from ..explain.run import finite
-from ..measure.runner import RESULTS_SCHEMA, stored_comparison
+from ..measure.runs import RESULTS_SCHEMA, stored_comparison
 from .html import RunPage
 
 
