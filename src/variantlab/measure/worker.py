@@ -187,7 +187,7 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         engine = TorchEngine(built.model, built.tokenizer, device, tokenizer_id=tokenizer_id)
         t_compiled = t_loaded     # without compile, setting up the engine counts toward the first token
         if job.variant.get("compile"):
-            from ..variants.compiled import compile_variant, compile_warmup
+            from ..variants.compiled import compile_variant
             built.facts = compile_variant(engine, built.model, built.facts)
             compile_warmup(engine, [s["prompt"] for s in job.samples[:2]])
             t_compiled = process_clock()
@@ -334,6 +334,17 @@ def main(argv: list[str]) -> int:
     tmp.write_bytes(encode_result(record, blobs))
     tmp.replace(out_path)  # the executor never sees half a result
     return 1 if record.status == "failed" else 0
+
+
+def compile_warmup(backend, prompts) -> None:
+    """`compile: true` (variants/compiled.py): one request and a batch of two run, so that inductor compiles the
+    shapes the scenarios start with here, in the compile stage, never in a timed request."""
+    from ..backends.base import GenerationRequest, run_requests
+
+    prompts = list(prompts[:2]) * (2 if len(prompts) < 2 else 1)
+    run_requests(backend, [GenerationRequest("compile", prompt=prompts[0], max_new_tokens=3)])
+    run_requests(backend, [GenerationRequest(f"compile-{i}", prompt=p, max_new_tokens=3)
+                           for i, p in enumerate(prompts[:2])])
 
 
 if __name__ == "__main__":

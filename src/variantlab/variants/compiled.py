@@ -4,7 +4,7 @@ A runtime setting, applied by the measuring host after the variant loads and tim
 cold-start stage. Over the engine's preallocated (static) KV cache, the whole decode step is
 compiled with static shapes, as gpt-fast does (`TorchEngine.compile_decode_step`); a model whose
 attention keeps cache layers of its own (variantlab's linear and sliding kinds) has no static cache,
-and only its decoder MLPs are compiled (dynamic shapes). `compile_warmup` then runs the shapes the
+and only its decoder MLPs are compiled (dynamic shapes). The worker's `compile_warmup` (measure/worker.py) then runs the shapes the
 scenarios start with (one request, a batch of two) so that compilation happens there; the
 scenarios' own warm-up covers the other shapes, never a timed request.
 """
@@ -37,13 +37,3 @@ def compile_decoder_mlps(model, facts):
     return dataclasses.replace(facts, kernels=facts.kernels + ("torch.compile (inductor, dynamic) of decoder MLPs",),
                                extra={**facts.extra, "compile": {"backend": "inductor", "dynamic": True,
                                                                  "scope": "decoder MLPs"}})
-
-
-def compile_warmup(backend, prompts) -> None:
-    """Run one request and a batch of two, so that inductor compiles the shapes scenarios will use."""
-    from ..backends.base import GenerationRequest, run_requests
-
-    prompts = list(prompts[:2]) * (2 if len(prompts) < 2 else 1)
-    run_requests(backend, [GenerationRequest("compile", prompt=prompts[0], max_new_tokens=3)])
-    run_requests(backend, [GenerationRequest(f"compile-{i}", prompt=p, max_new_tokens=3)
-                           for i, p in enumerate(prompts[:2])])
