@@ -207,3 +207,45 @@ def test_nan_logits_fail_the_measurement_with_the_reason(nan_artifact):
     _, (record, blobs) = measure(nan_artifact, run_once=True, variant=VariantDefinition("fp32", "fp32"))
     assert (record.status, blobs) == ("failed", {})
     assert record.reason.startswith("NonFiniteLogits: NaN or inf logits after the prompt of 1 request(s)")
+
+
+# ---------------------------------------------------------------- one tracker loop for every backend
+
+class Explodes:
+    """A registered tracker that raises when it runs, on any backend."""
+    kind = name = "explodes"
+    once = False
+    needs_local_model = False
+
+    def config(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        return cls()
+
+    def run(self, ctx):
+        raise RuntimeError("this tracker always raises")
+
+
+def test_an_endpoints_raising_tracker_is_its_own_error_as_it_is_for_a_local_variant(monkeypatch):
+    """Issue 23: the endpoint's tracker loop was a copy in which one raising tracker failed the whole
+    measurement; both now run measure/worker.run_trackers: that tracker's error, the others' results, and a
+    tracker needing the model in-process says why it was not measured."""
+    from variantlab.backends.openai_http import Endpoint, OpenAIBackend
+    from variantlab.measure import trackers
+    from variantlab.measure.worker import Host, run_trackers
+    monkeypatch.setitem(trackers.TRACKERS, "explodes", Explodes)
+    backend = OpenAIBackend(Endpoint("http://127.0.0.1:9/v1", "auto", None, 5.0))   # nothing listens there
+    samples = ({"id": "0", "prompt": "p", "answer": "a"},)
+    job = MeasureJob(variant={"name": "e"}, artifact_dir="", round=0, device="cpu", threads=1, seed=0,
+                     samples=samples, trackers=(TrackerJob(kind="explodes"), TrackerJob(kind="memory"),
+                                                TrackerJob(kind="machine")), run_once=True)
+    try:
+        results, scenarios = run_trackers(Host(backend, None, samples, "endpoint", None, 0), job, remote=True)
+    finally:
+        backend.close()
+    by = {r.name: r for r in results}
+    assert by["explodes"].error.startswith("RuntimeError: this tracker always raises") and by["explodes"].data == {}
+    assert by["memory"].error.startswith("not measured for an endpoint: ")
+    assert by["machine"].error is None and by["machine"].data["small_ops_s"] and scenarios == []

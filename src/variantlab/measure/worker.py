@@ -165,12 +165,10 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         import torch
         from transformers import AutoTokenizer
 
-        from ..backends.base import GenerationRequest, NonFiniteLogits, run_requests
+        from ..backends.base import GenerationRequest, run_requests
         from ..backends.torch_engine import TorchEngine
         from ..environment import torch_fingerprint
         from ..variants import build as variants
-        from .scenarios.common import Scenario
-        from .trackers import tracker_from_config
         from .trackers.cold_start import ColdStartOutput
         from .trackers.memory import current_bytes
         device = setup(job.device, job.threads, job.seed)
@@ -203,32 +201,8 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
                                clock="the process's own start (kernel start time, boot clock)",
                                process_start=t_start, kernels_build_s=built_kernels_s)
         host = Host(engine, built, job.samples, device, cold, baseline)
-        results, scenarios = [], []
         with torch.inference_mode():   # the engine then skips its own per-step mode switch (harness overhead)
-            for tj in job.trackers:
-                tracker = tracker_from_config(tj.kind, tj.config)
-                if tracker.once and not job.run_once:
-                    continue
-                if isinstance(tracker, Scenario):
-                    scenarios.append(tracker.name)
-                try:
-                    out = tracker.run(host)
-                    nonfinite = getattr(out, "nonfinite", None)   # teacher-forced scoring names where
-                    if nonfinite:
-                        raise NonFiniteLogits(nonfinite)
-                except NonFiniteLogits:
-                    raise          # garbage answers: the whole measurement failed, with where
-                except Exception as e:  # noqa: BLE001
-                    # a tracker that raises (a scenario, a once-per-variant check) is that tracker's error:
-                    # the round's other trackers, finished or still to run, keep their results; its rows
-                    # say why
-                    traceback.print_exc()
-                    results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={},
-                                                 error=failure_reason(e)))
-                    continue
-                host.outputs[tracker.name] = out
-                results.append(TrackerResult(kind=tracker.kind, name=tracker.name,
-                                             data=out.model_dump(mode="json")))
+            results, scenarios = run_trackers(host, job)
         progress("done", 1.0)
         env = torch_fingerprint(device, job.seed)
         reason = every_scenario_failed(results, scenarios)
@@ -241,6 +215,44 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         if _status_of(e) == "failed":
             traceback.print_exc()
         return MeasurementRecord(variant=name, round=job.round, status=_status_of(e), reason=failure_reason(e)), {}
+
+
+def run_trackers(host, job: MeasureJob, *, remote: bool = False) -> tuple[list[TrackerResult], list[str]]:
+    """Every tracker of the job on `host`, the one loop for every backend: (results, the scenarios' names).
+
+    A tracker that raises (a scenario, a once-per-variant check) is that tracker's error: the round's other
+    trackers, finished or still to run, keep their results, and its rows say why; non-finite logits fail the
+    whole measurement (NonFiniteLogits). `remote` (an endpoint): a tracker that needs the model in this
+    process says why it was not measured instead of running."""
+    from ..backends.base import NonFiniteLogits
+    from .scenarios.common import Scenario
+    from .tracker import NOT_MEASURED
+    from .trackers import tracker_from_config
+    results, scenarios = [], []
+    for tj in job.trackers:
+        tracker = tracker_from_config(tj.kind, tj.config)
+        if tracker.once and not job.run_once:
+            continue
+        if remote and tracker.needs_local_model:
+            results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={},
+                                         error=f"{NOT_MEASURED} for an endpoint: {tracker.remote_reason}"))
+            continue
+        if isinstance(tracker, Scenario):
+            scenarios.append(tracker.name)
+        try:
+            out = tracker.run(host)
+            nonfinite = getattr(out, "nonfinite", None)   # teacher-forced scoring names where
+            if nonfinite:
+                raise NonFiniteLogits(nonfinite)
+        except NonFiniteLogits:
+            raise          # garbage answers: the whole measurement failed, with where
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={}, error=failure_reason(e)))
+            continue
+        host.outputs[tracker.name] = out
+        results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data=out.model_dump(mode="json")))
+    return results, scenarios
 
 
 def every_scenario_failed(results, scenarios: list[str]) -> str | None:
@@ -257,8 +269,6 @@ def run_endpoint_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, 
     yardstick) run against the endpoint over HTTP; the others say why they are not measured."""
     from ..backends.openai_http import Endpoint, OpenAIBackend
     from ..environment import torch_fingerprint
-    from ..measure.tracker import NOT_MEASURED
-    from .trackers import tracker_from_config
     name = job.variant["name"]
     endpoint = Endpoint.from_json(job.variant["endpoint"])
     backend = None
@@ -266,21 +276,11 @@ def run_endpoint_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, 
         setup("cpu", job.threads, job.seed)
         backend = OpenAIBackend(endpoint)
         host = Host(backend, None, job.samples, "endpoint", None, 0)
-        results = []
-        for tj in job.trackers:
-            tracker = tracker_from_config(tj.kind, tj.config)
-            if tracker.once and not job.run_once:
-                continue
-            if tracker.needs_local_model:
-                results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={},
-                                             error=f"{NOT_MEASURED} for an endpoint: {tracker.remote_reason}"))
-                continue
-            out = tracker.run(host)
-            host.outputs[tracker.name] = out
-            results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data=out.model_dump(mode="json")))
+        results, scenarios = run_trackers(host, job, remote=True)
         progress("done", 1.0)
-        return (MeasurementRecord(variant=name, round=job.round, status="ok", device="endpoint",
-                                  ran_once=job.run_once, kernels=(f"served by {endpoint.base_url} "
+        reason = every_scenario_failed(results, scenarios)
+        return (MeasurementRecord(variant=name, round=job.round, status="failed" if reason else "ok",
+                                  reason=reason, device="endpoint", ran_once=job.run_once, kernels=(f"served by {endpoint.base_url} "
                                                                   f"(model {endpoint.model})",),
                                   outputs=tuple(results), environment=torch_fingerprint("cpu", job.seed)), {})
     except Exception as e:  # noqa: BLE001
