@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..measure.scenarios import SCENARIOS
 from .constraints import swept_lengths
 from .objectives import Scenarios
 from .presets import PRESETS
 from .recommend import recommend
 
 # the row that stands for "how long it takes" in each timed scenario type
-SCENARIO_TIME_ROW = {"single-stream": "e2el_p50", "server": "e2el_p50", "offline": "single_task_latency"}
+SCENARIO_TIME_ROW = {kind: cls.time_row for kind, cls in SCENARIOS.items() if cls.time_row}   # type → its time row
 ANALYSIS_GUIDELINE = ("short (<512 tokens): standard attention; medium (512–2048): GQA; long (>2048): linear; "
                       "real-time: sliding window")
 

@@ -12,8 +12,16 @@ import re
 from dataclasses import dataclass
 
 LATENCY = re.compile(r"^(e2el|ttft|tpot|itl)_(p50|p90|p95|p99|mean)$")
-LATENCY_SCENARIO_TYPES = ("single-stream", "server")
-THROUGHPUT_SCENARIO_TYPES = ("offline",)
+
+
+def _types(role: str) -> tuple[str, ...]:
+    """The scenario types that declare `role` (measure/scenarios: each scenario says what it measures)."""
+    from ..measure.scenarios import SCENARIOS
+    return tuple(kind for kind, cls in SCENARIOS.items() if cls.role == role)
+
+
+LATENCY_SCENARIO_TYPES = _types("latency")          # single-stream, server
+THROUGHPUT_SCENARIO_TYPES = _types("throughput")    # offline
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ class Scenarios:
             return next((n for n, t in named if t in types), None)
         latency = getattr(requirements, "scenario", None) or first(LATENCY_SCENARIO_TYPES)
         throughput = getattr(requirements, "throughput_scenario", None) or first(THROUGHPUT_SCENARIO_TYPES)
-        return cls(latency, throughput or latency, tuple(n for n, t in named if t == "length-sweep"))
+        return cls(latency, throughput or latency, tuple(n for n, t in named if t in _types("sweep")))
 
     def where(self, place: str) -> str | None:
         return {"latency": self.latency, "throughput": self.throughput}.get(place, place)

@@ -28,7 +28,6 @@ from .roofline import ModelShape, Roofline, StepCost, per_token_decode_cost, per
 from .attribution import PhaseAttribution, attribute, phase_times
 
 DEFAULT_ROUNDS = 2
-SINGLE_STREAM_REQUESTS = 4     # requests one at a time: enough tokens for per-token figures, seconds of work
 
 
 class ExplainFailed(Exception):
@@ -36,22 +35,28 @@ class ExplainFailed(Exception):
 
 
 def profile_tracker(suite, n_samples: int, reps: int = 3):
-    """The profiling tracker for a suite's workload: single-stream and one offline batch, as its scenarios have."""
+    """The profiling tracker for a suite's workload: each scenario's own profiled work (its
+    `profile_workload`: single-stream one request at a time, offline one batch), each shape once."""
+    from ..measure.scenarios import SCENARIOS
     from ..measure.trackers.profile import Profile, WorkloadSpec
     specs: list[WorkloadSpec] = []
     for s in suite.workload.scenarios:
-        if s.type == "single-stream":
-            spec = WorkloadSpec("single-stream", 1, min(SINGLE_STREAM_REQUESTS, n_samples))
-        elif s.type == "offline":
-            batch = min(s.batch_size, n_samples)
-            spec = WorkloadSpec("offline", batch, batch)
-        else:
+        shape = SCENARIOS[s.type].profile_workload(s, n_samples)
+        if shape is None:
             continue
+        spec = WorkloadSpec(s.type, *shape)
         if spec not in specs:
             specs.append(spec)
-    if not specs:      # a length-sweep-only suite: decode one request at a time
-        specs.append(WorkloadSpec("single-stream", 1, min(SINGLE_STREAM_REQUESTS, n_samples)))
+    if not specs:      # a length-sweep-only suite: decode as the one-at-a-time scenario does
+        one = one_at_a_time()
+        specs.append(WorkloadSpec(one.kind, *one.profile_workload(None, n_samples)))
     return Profile(tuple(specs), suite.workload.max_new_tokens, reps)
+
+
+def one_at_a_time():
+    """The scenario class whose requests run one at a time (single-stream): the run's TPOT explain checks."""
+    from ..measure.scenarios import SCENARIOS
+    return next(cls for cls in SCENARIOS.values() if cls.one_at_a_time)
 
 
 @dataclass(frozen=True)
@@ -198,11 +203,13 @@ def explain_profiles(a: str, b: str, profiles: dict[str, list], *, run_id: str |
                        disagreements(comparison, phases, a, b) if comparison is not None else ())
 
 
-# the run's rows quoted beside each phase: (scenario, phase) → (row key suffix, what it is)
-MEASURED_ROWS = {("single-stream", "prefill"): (("ttft_p50", "TTFT p50"),),
-                 ("single-stream", "decode"): (("tpot_p50", "TPOT p50"),),
-                 ("offline", "decode"): (("single_task_latency", "single-task latency"),
-                                         ("output_throughput", "output throughput"))}
+def measured_rows() -> dict:
+    """The run's rows quoted beside each phase: (scenario, phase) → ((row key suffix, what it is), …), as each
+    scenario declares them (its `measured_rows`)."""
+    from ..measure.scenarios import SCENARIOS
+    return {(kind, phase): rows for kind, cls in SCENARIOS.items() for phase, rows in cls.measured_rows.items()}
+
+
 AGREE_WITHIN = 1.5     # a profiled worker's plain decode over the run's TPOT, beyond which the machine differed
 
 
@@ -210,7 +217,7 @@ def measured_figures(comparison, a: str, b: str) -> dict[str, tuple[str, ...]]:
     """"scenario/phase" → "TPOT p50: A 0.71 ms, B 2.05 ms (+189% of A)" lines from the run's comparison."""
     from ..report.format import fmt_value
     out: dict[str, tuple[str, ...]] = {}
-    for (scenario, phase), rows in MEASURED_ROWS.items():
+    for (scenario, phase), rows in measured_rows().items():
         lines = []
         for suffix, label in rows:
             try:
@@ -233,12 +240,13 @@ def disagreements(comparison, phases: Sequence[PhaseAttribution], a: str, b: str
     """Where a profiling worker's plain per-token decode time is over AGREE_WITHIN× off the run's own TPOT p50:
     the machine was not the same (busier, most often), and the explanation says so."""
     out = []
+    one = one_at_a_time().kind
     try:
-        row = comparison.row("single-stream.tpot_p50")
+        row = comparison.row(f"{one}.tpot_p50")
     except KeyError:
         return ()
     for p in phases:
-        if (p.scenario, p.phase) != ("single-stream", "decode"):
+        if (p.scenario, p.phase) != (one, "decode"):
             continue
         for name, t in ((a, p.a), (b, p.b)):
             cell = row.cells.get(name)

@@ -124,10 +124,24 @@ def accuracy_row(c: Comparison) -> Row | None:
     return None
 
 
+def _kind(s: dict):
+    """A stored scenario entry's class (measure/scenarios' registry), or None for a type this version lacks."""
+    from ..measure.scenarios import SCENARIOS
+    return SCENARIOS.get(s.get("type"))
+
+
+def _role(s: dict) -> str:
+    return getattr(_kind(s), "role", "")
+
+
+def _declares(s: dict, what: str) -> bool:
+    return bool(getattr(_kind(s), what, False))
+
+
 def latency_row(c: Comparison, scenarios: Sequence[dict] = ()) -> Row | None:
     """The single-stream scenario's E2EL p95; else the first row there is of LATENCY_PREFERENCE; else the first
     timing row with a value."""
-    single = [_scenario_name(s) for s in scenarios if s.get("type") == "single-stream"]
+    single = [_scenario_name(s) for s in scenarios if _declares(s, "one_at_a_time")]
     rows = _rows_by_key(c)
     for name in single:
         if f"{name}.e2el_p95" in rows and _has_values(rows[f"{name}.e2el_p95"]):
@@ -274,12 +288,12 @@ def throughput_chart(c: Comparison, scenarios: Sequence[dict], samples: int | No
     import plotly.graph_objects as go
     title = "Output throughput against batch size"
     rows = _rows_by_key(c)
-    offline = [s for s in scenarios if s.get("type") == "offline" and f"{_scenario_name(s)}.output_throughput" in rows]
+    offline = [s for s in scenarios if _role(s) == "throughput" and f"{_scenario_name(s)}.output_throughput" in rows]
     if not offline:
         return Chart("throughput", title, None, ("no offline scenario in this run: no throughput at a batch size",))
     # (batch size, row, what the point is)
     sources = [(1, rows[f"{_scenario_name(s)}.output_throughput"], f"{_scenario_name(s)}: one request at a time")
-               for s in scenarios if s.get("type") == "single-stream"
+               for s in scenarios if _declares(s, "one_at_a_time")
                and f"{_scenario_name(s)}.output_throughput" in rows]
     notes = []
     for s in offline:
@@ -308,7 +322,7 @@ def throughput_chart(c: Comparison, scenarios: Sequence[dict], samples: int | No
             mode="lines+markers", name=v, marker={"size": 10, "color": col[v]}, line={"color": col[v]},
             hovertext=[f"{v} · {what}: {fmt_value(p.value, r.unit)}" for _, p, r, what in pts], hoverinfo="text"))
     sizes = sorted({b for b, *_ in sources})
-    if any(s.get("type") == "single-stream" for s in scenarios) and 1 in sizes:
+    if any(_declares(s, "one_at_a_time") for s in scenarios) and 1 in sizes:
         notes.append("batch 1 is the single-stream scenario (one request at a time)")
     _layout(fig, title, xaxis={"title": {"text": "batch size (requests decoded together)"}, "tickvals": sizes,
                                "type": "log" if len(sizes) > 2 and sizes[-1] / sizes[0] >= 8 else "linear"},

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from pydantic import Field
 
@@ -57,6 +57,16 @@ class Scenario(TrackerBase):
     spec_model = None       # the suite entry's pydantic model (a class attribute, not a field)
     output_model = ScenarioOutput
     needs_local_model = False   # a scenario drives any backend, an endpoint's included
+    # What the layers above read instead of the scenario's type name (charts, explain, objectives, the matrix):
+    role = ""               # "latency": requests as a user waits on each | "throughput": batches | "sweep": lengths
+    one_at_a_time = False   # requests run one at a time (the throughput chart's batch-1 point; explain's TPOT check)
+    time_row: ClassVar[str | None] = None   # the row the selection matrix reads as this scenario's time
+    measured_rows: ClassVar[dict] = {}      # profiled phase → ((row suffix, label), …) explain quotes beside it
+
+    @classmethod
+    def profile_workload(cls, spec, n_samples: int) -> tuple[int, int] | None:
+        """(batch, requests) explain profiles this scenario's work with; None: it is not profiled."""
+        return None
 
     @property
     def name(self) -> str:

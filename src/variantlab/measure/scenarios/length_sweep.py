@@ -58,6 +58,7 @@ def prompt_of_length(backend, samples, length: int) -> list[int]:
 @dataclass(frozen=True)
 class LengthSweep(Scenario):
     kind = "length-sweep"
+    role = "sweep"
     needs_local_model = True
     remote_reason = "it sends prompts of exact token lengths, as token ids, which an endpoint does not take"
     spec_model = LengthSweepSpec

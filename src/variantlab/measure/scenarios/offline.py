@@ -43,6 +43,15 @@ class OfflineSpec(SpecModel):
 @dataclass(frozen=True)
 class Offline(Scenario):
     kind = "offline"
+    role = "throughput"
+    time_row = "single_task_latency"
+    measured_rows = {"decode": (("single_task_latency", "single-task latency"),
+                                ("output_throughput", "output throughput"))}
+
+    @classmethod
+    def profile_workload(cls, spec, n_samples: int) -> tuple[int, int] | None:
+        batch = min(spec.batch_size, n_samples)
+        return batch, batch
     spec_model = OfflineSpec
 
     def metrics(self) -> tuple[MetricDef, ...]:

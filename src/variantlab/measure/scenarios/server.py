@@ -228,6 +228,8 @@ class _Collector:
 @dataclass(frozen=True)
 class Server(Scenario):
     kind = "server"
+    role = "latency"
+    time_row = "e2el_p50"
     spec_model = ServerSpec
     output_model = ServerOutput
 

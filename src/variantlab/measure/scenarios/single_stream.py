@@ -40,6 +40,15 @@ class SingleStreamSpec(SpecModel):
 @dataclass(frozen=True)
 class SingleStream(Scenario):
     kind = "single-stream"
+    role = "latency"
+    one_at_a_time = True
+    time_row = "e2el_p50"
+    measured_rows = {"prefill": (("ttft_p50", "TTFT p50"),), "decode": (("tpot_p50", "TPOT p50"),)}
+    PROFILED_REQUESTS = 4     # enough tokens for per-token figures, seconds of work
+
+    @classmethod
+    def profile_workload(cls, spec, n_samples: int) -> tuple[int, int] | None:
+        return 1, min(cls.PROFILED_REQUESTS, n_samples)
     spec_model = SingleStreamSpec
 
     def metrics(self) -> tuple[MetricDef, ...]:
