@@ -39,7 +39,7 @@ BPE tokenizer.json and no tokenizer.model. The converter's files are not edited 
 installed: the child puts the vendored llama.cpp folder and its gguf-py on sys.path. Both sides
 receive token ids, never text, so the pre-tokenizer only labels the GGUF; it changes no timing.
 
-Needs llama-cpp-python 0.3.36 built from source with AVX-512/VNNI and AMX off (README, "Against
+Needs llama-cpp-python 0.3.36 built from source with AVX-512/VNNI and AMX off (docs/benchmarks.md, "Against
 llama.cpp"; a build with AMX on crashed with an illegal instruction on Q8_0 on these machines) and
 its source distribution for the converter:
 
@@ -70,7 +70,7 @@ LLAMA_CPP_VERSION = "0.3.36"
 INSTALL_HINT = ("llama_cpp is not installed; build it from source with AVX-512/VNNI and AMX off: "
                 'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AMX_TILE=OFF '
                 '-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install --no-binary llama-cpp-python ".[peer]" '
-                '(the full flag list is in README.md, "Against llama.cpp")')
+                '(the full flag list is in docs/benchmarks.md, "Against llama.cpp")')
 SOURCE_HINT = (f"needs llama.cpp's converter from the llama-cpp-python source distribution: "
                f"pip download llama-cpp-python=={LLAMA_CPP_VERSION} --no-deps --no-binary :all: -d DIR, "
                f"then pass --llama-cpp-src DIR/llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz (or set LLAMA_CPP_SRC)")

@@ -4,7 +4,7 @@ A single-stream decode step must read every weight (and the KV cache) once per t
 ceiling is the rate at which this process can read memory. `read_bandwidth` measures that: a pass
 over a buffer far larger than the caches (a sum, or our GEMV where it runs: the faster), with the
 threads torch uses now. `copy_bandwidth` (read + write bytes of a copy ÷ time) is the figure
-DESIGN.md quotes. Both are measured, not quoted: on a
+the analysis quotes (docs/hardware.md). Both are measured, not quoted: on a
 shared machine they move with the load, so a worker measures them in the same round as its decode.
 
 `variantlab hw` measures the ceilings once per machine (memory bandwidth, matmul rate per dtype,
@@ -47,7 +47,7 @@ def read_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 3) -> float:
 
 
 def copy_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 3) -> float:
-    """GB/s of a copy of `nbytes`, counting read + write (DESIGN.md's "copy bandwidth")."""
+    """GB/s of a copy of `nbytes`, counting read + write (docs/hardware.md's "copy bandwidth")."""
     import torch
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The compile rule's figures (README, "The engine"; benchmarks/engine_decode.py --compile on a 115M
+# The compile rule's figures (docs/engine.md; benchmarks/engine_decode.py --compile on a 115M
 # Llama): compiling takes 5-30 s in every worker and decodes 1.2-1.6x as fast as eager.
 COMPILE_S = 15.0
 COMPILE_SAVING = 0.15     # 1 - 1/1.2, rounded down: the saving per decode step the rule assumes
@@ -254,7 +254,7 @@ def _compile_choice(kt, workload: Workload, recipe: str, fallback: bool) -> Choi
     saving = COMPILE_SAVING * step_s
     pays = saving > COMPILE_S
     return Choice("compile", pays, f"a rule, not measured here: compiling costs ≈{COMPILE_S:.0f} s a process "
-                                   f"and saves ≈{COMPILE_SAVING:.0%} of a decode step (README: 5–30 s, 1.2–1.6× on "
+                                   f"and saves ≈{COMPILE_SAVING:.0%} of a decode step (docs/engine.md: 5–30 s, 1.2–1.6× on "
                                    f"a 115M Llama); this workload's {workload.decode_steps} decode steps take "
                                    f"≈{step_s:.3g} s of {recipe} linear time, so it would save ≈{saving:.3g} s "
                                    f"{'>' if pays else '<'} {COMPILE_S:.0f} s")

@@ -1,6 +1,6 @@
 """Accuracy of a variant: against the baseline's next-token distributions, and against ground truth.
 
-DESIGN.md, "Metric definitions": KLD (mean and p99 of KL(baseline || variant) per position),
+docs/metrics.md: KLD (mean and p99 of KL(baseline || variant) per position),
 top-1 agreement, PPL ratio, task accuracy (exact match) and accuracy retention. Bits per byte
 compares variants whose tokenizers differ, where perplexities per token are not comparable.
 
@@ -90,7 +90,7 @@ def kl_divergence_per_position(base_logprobs: Any, var_logprobs: Any) -> np.ndar
 
 
 def kld_summary(base_logprobs: Any, var_logprobs: Any) -> dict[str, float]:
-    """{"mean": mean KL per position, "p99": its 99th percentile} in nats (DESIGN's KLD)."""
+    """{"mean": mean KL per position, "p99": its 99th percentile} in nats (docs/metrics.md's KLD)."""
     kl = kl_divergence_per_position(base_logprobs, var_logprobs)
     if kl.size == 0:
         raise ValueError("KLD needs at least one position")

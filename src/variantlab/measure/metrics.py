@@ -1,4 +1,4 @@
-"""Serving metrics over request records, named and defined as in DESIGN.md, "Metric definitions".
+"""Serving metrics over request records, named and defined as in docs/metrics.md.
 
 Pure functions of RequestRecord / ScenarioPass (bench/records.py): no model, no clock, no I/O.
 Times are seconds on the measuring process's perf_counter; rates are per second.

@@ -5,7 +5,7 @@ statistics of one set of samples. Samples measured in interleaved rounds (fresh 
 summarised by measure/rounds.py (hierarchical bootstrap, paired round deltas), which builds on
 this module; distribution-free quantile intervals live in measure/order_stats.py.
 
-DESIGN.md, "Timing rules": report medians with bootstrap confidence intervals, call a difference
+docs/metrics.md, "Statistics": report medians with bootstrap confidence intervals, call a difference
 real only when the intervals say so, and warn when a measurement is unstable (coefficient of
 variation over 10%). Everything here is a pure function of its arguments; randomness comes only
 from a seeded numpy Generator, so the same samples and seed always give the same interval.
@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 UNSTABLE_CV = 0.10
-"""Coefficient of variation above which a measurement is flagged unstable (DESIGN, Timing rules)."""
+"""Coefficient of variation above which a measurement is flagged unstable (docs/metrics.md, Statistics)."""
 
 Statistic = Callable[[Sequence[float]], float]
 
@@ -218,7 +218,7 @@ class Estimate:
 
     @property
     def unstable(self) -> bool:
-        """True when the measurement varies by more than UNSTABLE_CV (DESIGN: warn over 10%): from round
+        """True when the measurement varies by more than UNSTABLE_CV (docs/metrics.md: warn over 10%): from round
         to round when there are rounds (per-request samples differ by prompt by design), else across
         the samples of its one round."""
         cv = self.round_cv if self.rounds >= 2 else self.cv

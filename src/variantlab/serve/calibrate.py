@@ -1,7 +1,7 @@
 """A variant's decode-step time at each batch size, measured on this machine at server start.
 
 The adaptive policy switches variant where these curves cross (weight-only int4 is 2-2.5x faster
-than bf16 at one row and ~10x slower at a few dozen on our CPUs: DESIGN.md's kernel table), so
+than bf16 at one row and ~10x slower at a few dozen on our CPUs: docs/benchmarks.md's kernel figures), so
 they are measured, not assumed: for each batch size, that many dummy requests with a prompt of
 `context` tokens are prefilled into the variant's own lane and decoded for WARM + TIMED steps;
 the step time is the fastest timed step (the others carry the machine's noise). Prefill's cost is a

@@ -9,7 +9,7 @@
     sliding:<window>   softmax over the last `window` tokens; a rolling KV cache that never holds more
                        than `window` tokens (attention_sliding.py)
 
-The analysis this project answers (DESIGN.md) quotes thresholds — standard attention below 512
+The analysis this project answers (docs/recipes.md, Attention) quotes thresholds — standard attention below 512
 tokens, GQA to 2048, linear above, sliding window for real time. These recipes exist so that the
 thresholds are measured instead (benchmarks/attention_scaling.py, attention_stability.py).
 

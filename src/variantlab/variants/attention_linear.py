@@ -14,7 +14,7 @@ the same numbers and are tested against each other:
 State dtype. S and z grow with the sequence (z ~ T · E[phi(k)] per dimension), so they are
 accumulated in fp32 by default whatever the model dtype; `acc_dtype=model dtype` keeps them in
 fp16/bf16 to show why not: in fp16 the normaliser passes 65504 after ~1,000 tokens of unit-scale
-keys and the output becomes inf/NaN (DESIGN.md; measured by benchmarks/attention_stability.py).
+keys and the output becomes inf/NaN (docs/recipes.md, Attention; measured by benchmarks/attention_stability.py).
 
 Grouped K/V heads (a GQA checkpoint) keep one state per K/V head, shared by its G query heads.
 Shapes: q (B, H, T, D); k (B, Hkv, T, D); v (B, Hkv, T, Dv); key_valid (B, T) bool or None

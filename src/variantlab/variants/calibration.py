@@ -3,7 +3,7 @@ original model's reference log-probs and captured activations, and the two measu
 makes with them — the whole-model KLD on every calibration text, and one linear's sensitivity by
 a suffix run (the decoder layers below it replay their captured outputs; the rest computes for real).
 
-KLD here is DESIGN's (measure/accuracy.py): float64, rows renormalised; a model whose output is
+KLD here is docs/metrics.md's (measure/accuracy.py): float64, rows renormalised; a model whose output is
 not finite fits no budget (inf).
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ def logprobs(model, batch: CalibrationBatch):
 
 
 def kld(ref, var) -> float:
-    """DESIGN's KLD (measure/accuracy.py); a candidate whose output is not finite fits no budget (inf).
+    """docs/metrics.md's KLD (measure/accuracy.py); a candidate whose output is not finite fits no budget (inf).
     The reference is checked finite once, when it is captured (SensitivityProbe)."""
     import torch
 

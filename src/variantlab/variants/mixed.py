@@ -1,7 +1,7 @@
 """Mixed precision: 4, 8 or 16 bits per decoder linear, chosen from measured sensitivity to meet a KLD budget.
 
 The budget `max_kld` is the mean KL(original ‖ mixed) of next-token distributions, in nats, on
-calibration text (DESIGN.md's KLD, computed by measure/accuracy.py), where "original" is the
+calibration text (docs/metrics.md's KLD, computed by measure/accuracy.py), where "original" is the
 checkpoint in compute_dtype exactly as the bf16/fp16 recipes build it (`cast_parameters`: weights in
 compute_dtype, Llama's rotary inv_freq left in the fp32 that loading gives it). Every decoder linear
 becomes one of quant_linear's modules: 4 → Int4WeightOnly (group-wise, `group_size`), 8 →

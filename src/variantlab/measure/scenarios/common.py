@@ -1,5 +1,5 @@
 """What the scenarios share: their output record, warm-up over every shape they will send, and
-the per-request metric rows (DESIGN.md's E2EL, TTFT, TPOT, ITL, throughput, goodput).
+the per-request metric rows (docs/metrics.md's E2EL, TTFT, TPOT, ITL, throughput, goodput).
 
 Warm-up covers shapes: a kernel's first call at a new shape can carry one-off costs (bf16 prefill
 at an unseen prompt length ran 1.4–1.6x slower than at a repeated one on our CPUs), so before

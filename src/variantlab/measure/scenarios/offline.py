@@ -1,6 +1,6 @@
 """offline: the whole dataset in batches, as one timed pass: single-task latency and throughput.
 
-A pass's wall time is DESIGN.md's single-task latency (the analysis's "6.8 min"). Passes repeat
+A pass's wall time is docs/metrics.md's single-task latency (the analysis's "6.8 min"). Passes repeat
 until both `passes` and `min_duration_s` are reached. Warm-up runs each batch of the pass once,
 short (prefill + one decode step), then `warmup` full batches. A backend that cannot batch gets
 the requests one at a time (its shapes note says so).
