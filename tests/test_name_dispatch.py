@@ -1,9 +1,10 @@
 """No module outside a registry decides by a kind's name: a comparison (==, !=, in, not in) of anything with
-a registered scenario type or serve-policy name is allowed only in the modules that define and register them
-(measure/scenarios/, serve/policies.py, serve/policy_kinds.py). Everywhere else reads what the kind declares
-(a scenario's role, one_at_a_time, time_row, measured_rows, profile_workload; a policy's routes, batches,
-keeps_slos), so adding a kind is one module and one registration (docs/architecture.md). Checked on the
-source with `ast`."""
+a registered scenario type, serve-policy name or attention kind is allowed only in the modules that define
+and register them (measure/scenarios/, serve/policies.py + serve/policy_kinds.py, variants/attention_kinds.py).
+Everywhere else reads what the kind declares (a scenario's role, one_at_a_time, time_row, measured_rows,
+profile_workload; a policy's routes, batches, keeps_slos; an attention kind's arg, needs_family,
+swaps_modules and its hooks), so adding a kind is one module and one registration (docs/architecture.md).
+Checked on the source with `ast`."""
 from __future__ import annotations
 
 import ast
@@ -11,13 +12,16 @@ from pathlib import Path
 
 from variantlab.measure.scenarios import SCENARIOS
 from variantlab.serve.policy_kinds import policy_names
+from variantlab.variants.attention_kinds import attention_kinds
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "variantlab"
-REGISTRIES = {"scenario": ("measure/scenarios/",), "policy": ("serve/policies.py", "serve/policy_kinds.py")}
+REGISTRIES = {"scenario": ("measure/scenarios/",), "policy": ("serve/policies.py", "serve/policy_kinds.py"),
+              "attention": ("variants/attention_kinds.py",)}
 
 
 def names() -> dict[str, str]:
-    return {**{k: "scenario" for k in SCENARIOS}, **{p: "policy" for p in policy_names()}}
+    return {**{k: "scenario" for k in SCENARIOS}, **{p: "policy" for p in policy_names()},
+            **{k.name: "attention" for k in attention_kinds()}}
 
 
 def constants(node: ast.expr) -> list[str]:
@@ -41,7 +45,7 @@ def dispatches(source: str, kinds: dict[str, str]) -> list[tuple[int, str, str]]
     return found
 
 
-def test_no_module_but_a_registry_compares_with_a_scenario_or_policy_name():
+def test_no_module_but_a_registry_compares_with_a_scenario_policy_or_attention_name():
     kinds, bad = names(), []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
@@ -55,4 +59,6 @@ def test_the_check_finds_a_comparison_by_name():
     kinds = names()
     assert dispatches('if s.type == "offline":\n    pass\n', kinds) == [(1, "offline", "scenario")]
     assert dispatches('x = p in ("single", "static")\n', kinds) == [(1, "single", "policy"), (1, "static", "policy")]
+    assert dispatches('if spec.kind in ("linear", "sliding"): pass\n', kinds) == [(1, "linear", "attention"),
+                                                                                 (1, "sliding", "attention")]
     assert dispatches('label = "offline"\n', kinds) == []      # a name as data is no dispatch

@@ -21,6 +21,7 @@ from .measure.scenarios import SCENARIO_SPECS
 from .sizes import (MAX_BATCH, MAX_DURATION_S, MAX_SAMPLES, MAX_STOP_STRINGS, MAX_THREADS, MAX_TIMEOUT_S,
                     MAX_TOKENS, SEED_MAX, SEED_MIN)
 from .spec_model import BOOL_FOR_NUMBER, SpecModel
+from .variants.attention_kinds import accepted as attention_accepted
 
 
 DEFAULT_ROUNDS = 5
@@ -107,8 +108,7 @@ class VariantSpec(_Frozen):
     weight_dtype: str | None = Field(None, description="int8 | int4 | bf16 | fp16 | fp32 (instead of recipe)")
     activation_dtype: str | None = Field(None, description="int8 | bf16 | fp16 | fp32 (with weight_dtype)")
     quant_scheme: str | None = Field(None, description="symmetric | asymmetric (with weight_dtype)")
-    attention: str | None = Field(None, description="sdpa | gqa:<kv_heads> | linear | sliding:<window>; "
-                                                    "applied before the recipe")
+    attention: str | None = Field(None, description=f"{attention_accepted()}; applied before the recipe")
     attention_options: dict[str, Any] = Field(default_factory=dict,
                                               description="linear_state_dtype: fp32 | model, linear_chunk")
     compile: bool | None = Field(None, description="torch.compile each decoder layer's MLP (dynamic shapes); "

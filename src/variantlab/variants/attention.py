@@ -44,8 +44,10 @@ from pydantic import Field, ValidationError
 
 from ..errors import RecipeError
 from ..spec_model import SpecModel
+from .attention_kinds import TRANSFORMERS_SDPA, accepted, attention_kind, attention_kinds
+from .attention_kinds import dtype_name as _dtype_name
 
-ACCEPTED = "sdpa | gqa:<kv_heads> | linear | sliding:<window>"
+ACCEPTED = accepted()   # the built-in kinds as written; errors call accepted(), which holds any registered since
 
 
 @dataclass(frozen=True)
@@ -89,38 +91,28 @@ def check_attention_for(config: dict, spec, *, architecture: str | None = None, 
     family = FAMILIES.get(arch)
     bad = lambda why, accepted: RecipeError(f"attention '{spec}' cannot be applied to {arch}: {why}",  # noqa: E731
                                             file=file, field=field, accepted=accepted)
+    kind = attention_kind(spec.kind)
     if family is None:
-        if spec.kind != "sdpa":
+        if kind.needs_family:
+            free = " | ".join(k.written() for k in attention_kinds() if not k.needs_family)
             raise bad(f"variantlab converts the attention of {SUPPORTED_MODELS} only",
-                      "one of those architectures; or attention: sdpa, or none (the model's own)")
+                      f"one of those architectures; or attention: {free}, or none (the model's own)")
         return
-    kinds = "linear | sliding:<window>"
-    if spec.kind == "sdpa" and (family.no_sdpa or config.get("attn_logit_softcapping") is not None):
-        raise bad(family.no_sdpa or "its attention logits are soft-capped (attn_logit_softcapping), which "
-                  "scaled_dot_product_attention cannot do", f"gqa:<kv_heads> | {kinds}; or none (the model's own)")
-    if spec.kind == "gqa":
-        heads = config.get(family.heads_key)
-        old = config.get("num_key_value_heads") or heads
-        if family.no_pool and spec.kv_heads != heads:
-            raise bad(family.no_pool, f"gqa:{heads} (the identity) | {kinds}")
-        if isinstance(old, int) and old % spec.kv_heads:
-            divisors = [d for d in range(1, old + 1) if old % d == 0]
-            raise bad(f"mean-pooling its {old} key/value heads needs kv_heads to divide {old}",
-                      "gqa:" + " | gqa:".join(map(str, divisors)))
+    kind.check_config(spec, config, family, bad)
 
 
 REPORT_LENGTHS = (128, 512, 2048, 8192, 32768)
-_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    kind: Literal["sdpa", "gqa", "linear", "sliding"]
-    kv_heads: int | None = None   # gqa only
-    window: int | None = None     # sliding only
+    kind: str                     # a registered kind's name (variants/attention_kinds.py)
+    kv_heads: int | None = None   # the number of a kind whose arg is kv_heads (gqa)
+    window: int | None = None     # the number of a kind whose arg is window (sliding)
 
     def __str__(self) -> str:
-        arg = self.kv_heads if self.kind == "gqa" else self.window if self.kind == "sliding" else None
+        kind = attention_kind(self.kind)
+        arg = getattr(self, kind.arg) if kind is not None and kind.arg else None
         return self.kind if arg is None else f"{self.kind}:{arg}"
 
 
@@ -131,26 +123,28 @@ class AttentionOptions(SpecModel):
 
 
 def parse_attention(text, *, file: str | None = None, field: str | None = None) -> AttentionSpec:
-    """'sdpa' | 'gqa:<kv_heads>' | 'linear' | 'sliding:<window>' → AttentionSpec (an AttentionSpec passes)."""
+    """A registered kind as a suite writes it ('sdpa' | 'gqa:<kv_heads>' | 'linear' | 'sliding:<window>') →
+    AttentionSpec (an AttentionSpec passes)."""
     if isinstance(text, AttentionSpec):
         return text
-    bad = lambda why: RecipeError(why, file=file, field=field, accepted=ACCEPTED)  # noqa: E731
+    bad = lambda why: RecipeError(why, file=file, field=field, accepted=accepted())  # noqa: E731
     if not isinstance(text, str):
         raise bad(f"attention must be a string, got {type(text).__name__} {text!r}")
     s = text.strip().lower()
-    if s in ("sdpa", "linear"):
-        return AttentionSpec(s)
-    m = re.fullmatch(r"(gqa|sliding)\s*:\s*(-?\d+)", s)
-    if m is None:
-        if s in ("gqa", "sliding"):
-            raise bad(f"attention '{text}' needs its number: {s}:<{'kv_heads' if s == 'gqa' else 'window'}>")
+    name, colon, number = (part.strip() for part in s.partition(":"))
+    kind = attention_kind(name)
+    if kind is None or (colon and not kind.arg) or (kind.arg and not re.fullmatch(r"-?\d+", number)):
+        if kind is not None and kind.arg and not colon:
+            raise bad(f"attention '{text}' needs its number: {kind.written()}")
         raise bad(f"unknown attention '{text}'")
-    if len(m.group(2)) > 9:   # int() of 5,000 digits raised ValueError; no model has a billion heads or positions
-        raise bad(f"attention '{m.group(1)}:{m.group(2)[:12]}…': the number has {len(m.group(2))} digits")
-    kind, n = m.group(1), int(m.group(2))
+    if not kind.arg:
+        return AttentionSpec(kind.name)
+    if len(number) > 9:   # int() of 5,000 digits raised ValueError; no model has a billion heads or positions
+        raise bad(f"attention '{name}:{number[:12]}…': the number has {len(number)} digits")
+    n = int(number)
     if n < 1:
         raise bad(f"attention '{text}': the number must be a positive integer")
-    return AttentionSpec("gqa", kv_heads=n) if kind == "gqa" else AttentionSpec("sliding", window=n)
+    return AttentionSpec(kind.name, **{kind.arg: n})
 
 
 def parse_attention_options(options, *, file: str | None = None, field: str | None = None) -> AttentionOptions:
@@ -169,27 +163,11 @@ def parse_attention_options(options, *, file: str | None = None, field: str | No
 
 def apply_attention(model, spec, options=None) -> dict:
     """Convert `model` in place to the attention `spec`; return facts about the result (JSON-ready)."""
-    from . import attention_module  # torch and transformers: kept out of the parent process that parses suites
-
     spec, options = parse_attention(spec), parse_attention_options(options)
     family = FAMILIES.get(type(model).__name__)
     check_attention_for(model.config.to_dict(), spec, architecture=type(model).__name__, field="attention")
     modules = _attention_modules(model, spec, family)
-    notes: list[str] = []
-    if spec.kind == "gqa":
-        _check_gqa(modules, family)  # refuse before changing anything
-    if spec.kind == "sdpa" or (spec.kind == "gqa" and not family.no_sdpa):
-        _set_sdpa(model)
-    elif spec.kind == "gqa":
-        notes.append(f"{type(model).__name__} keeps its own '{model.config._attn_implementation}' attention "
-                     f"(K/V repeated per group): {family.no_sdpa}")
-    if spec.kind == "gqa":
-        notes += _convert_to_gqa(model, modules, spec.kv_heads, family)
-    elif spec.kind in ("linear", "sliding"):
-        acc = None if options.linear_state_dtype == "model" else _torch_dtype("float32")
-        runtime = attention_module.AttentionRuntime(spec.kind, spec.window, options.linear_chunk, acc)
-        attention_module.swap(model, modules, runtime, family.layout)
-        notes += _softcap_notes(model, spec)
+    notes = attention_kind(spec.kind).apply(model, modules, spec, options, family, _HELPERS)
     return _facts(model, spec, options, notes + _native_window_notes(model, spec))
 
 
@@ -204,8 +182,8 @@ def _attention_modules(model, spec: AttentionSpec, family: Family | None) -> lis
     if done:
         raise RecipeError(f"the attention of {type(model).__name__} was already converted "
                           f"({type(done[0]).__name__}); apply one attention recipe to a freshly loaded model",
-                          field="attention", accepted=ACCEPTED)
-    if spec.kind == "sdpa":
+                          field="attention", accepted=accepted())
+    if not attention_kind(spec.kind).needs_family:
         return found
     names = sorted({type(m).__name__ for m in found})
     if not found or names != [family.attention]:  # a family's model holding modules it should not
@@ -217,15 +195,15 @@ def _attention_modules(model, spec: AttentionSpec, family: Family | None) -> lis
 
 
 def _set_sdpa(model) -> None:
-    if model.config._attn_implementation == "sdpa":
+    if model.config._attn_implementation == TRANSFORMERS_SDPA:
         return
     accepted = "linear | sliding:<window>, or none (the model's own attention)"
     try:
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation(TRANSFORMERS_SDPA)
     except (ValueError, ImportError) as e:
         raise RecipeError(f"{type(model).__name__} cannot run its attention through scaled_dot_product_attention: "
                           f"{str(e).splitlines()[0]}", field="attention", accepted=accepted) from None
-    if model.config._attn_implementation != "sdpa":
+    if model.config._attn_implementation != TRANSFORMERS_SDPA:
         raise RecipeError(f"{type(model).__name__} does not support switching its attention to sdpa "
                           f"(it stays '{model.config._attn_implementation}')", field="attention", accepted=accepted)
 
@@ -246,7 +224,7 @@ def _check_gqa(modules, family: Family) -> None:
             lin = getattr(m, name)
             if type(lin) is not nn.Linear:
                 raise RecipeError(f"{name} of {type(m).__name__} is {type(lin).__name__}, not nn.Linear: apply the "
-                                  "attention recipe before quantization", field="attention", accepted=ACCEPTED)
+                                  "attention recipe before quantization", field="attention", accepted=accepted())
 
 
 def _pooled(rows, kv_heads: int, pool: int):
@@ -306,16 +284,6 @@ def _convert_to_gqa(model, modules, kv_heads: int, family: Family) -> list[str]:
             "expect a quality loss; measure it against the baseline"]
 
 
-def _softcap_notes(model, spec: AttentionSpec) -> list[str]:
-    cap = getattr(model.config, "attn_logit_softcapping", None)
-    if cap is None:
-        return []
-    if spec.kind == "linear":
-        return [f"the checkpoint soft-caps its attention logits at {cap:g}; linear attention has no logits to cap"]
-    return [f"attention logits soft-capped at {cap:g} (tanh), as the checkpoint does: explicit scores, not the "
-            "fused sdpa kernel"]
-
-
 def _native_window_notes(model, spec: AttentionSpec) -> list[str]:
     cfg = model.config
     native = getattr(cfg, "sliding_window", None)
@@ -324,23 +292,10 @@ def _native_window_notes(model, spec: AttentionSpec) -> list[str]:
                                    or "sliding_attention" in types)
     if not uses:
         return []
-    if spec.kind in ("sdpa", "gqa"):
-        return [f"the checkpoint's own sliding_window={native} applies to attention, but a DynamicCache() made "
-                "without the config keeps every token: cache bytes are reported for the full length"]
-    return [f"the checkpoint's own sliding_window={native} is replaced by attention '{spec}'"]
+    return [attention_kind(spec.kind).native_window_note(native, spec)]
 
 
 # ---------------------------------------------------------------------------------------------- facts
-
-def _torch_dtype(name: str):
-    import torch
-    return getattr(torch, name)
-
-
-def _dtype_name(dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    return _DTYPE_NAMES.get(name, name)
-
 
 def _facts(model, spec: AttentionSpec, options: AttentionOptions, notes: list[str]) -> dict:
     cfg = model.config
@@ -350,33 +305,18 @@ def _facts(model, spec: AttentionSpec, options: AttentionOptions, notes: list[st
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     dtype = (emb.weight.dtype if hasattr(emb, "weight") else emb.dtype) if emb is not None \
         else next(model.parameters()).dtype  # the compute dtype
-    elt = dtype.itemsize
-    per_token, state, window = 2 * layers * kv_heads * head_dim * elt, 0, None
-    if spec.kind == "sliding":
-        window = spec.window
-        notes = notes + ["padded batches add one byte per cached token and layer (the padding mask)"]
-    if spec.kind == "linear":
-        acc = dtype if options.linear_state_dtype == "model" else _torch_dtype("float32")
-        state = layers * kv_heads * (head_dim * head_dim + head_dim) * acc.itemsize
-        per_token = 0
-        notes = notes + [f"state accumulated in {_dtype_name(acc)}", "linear attention replaces softmax without "
-                         "retraining: outputs differ from the checkpoint's; measure accuracy before using it"]
-    kernels = {
-        "sdpa": ["torch.nn.functional.scaled_dot_product_attention (transformers 'sdpa')"],
-        "gqa": ["torch.nn.functional.scaled_dot_product_attention (transformers 'sdpa', enable_gqa or packed "
-                "query heads where the kernel allows, else repeated K/V)" if cfg._attn_implementation == "sdpa"
-                else f"transformers '{cfg._attn_implementation}' attention (K/V repeated per group)"],
-        "linear": [f"ours: chunked parallel form (chunk {options.linear_chunk}) for prefill, recurrent state for "
-                   "decode (torch matmul)"],
-        "sliding": ["ours: banded scaled_dot_product_attention per block of queries; rolling KV cache"],
-    }[spec.kind]
+    kind = attention_kind(spec.kind)
+    cost = kind.cache(spec, options, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+    per_token, state, window = cost.per_token, cost.state, cost.window
+    notes = notes + list(cost.notes)
     facts = {"attention": str(spec), "kind": spec.kind, "implementation": cfg._attn_implementation,
              "layers": layers, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
              "cache_dtype": _dtype_name(dtype), "window": window,
              "kv_cache_bytes_per_token": per_token, "state_bytes_per_sequence": state,
-             "linear_state_dtype": options.linear_state_dtype if spec.kind == "linear" else None,
-             "kernels": kernels, "notes": notes}
-    facts["kv_cache_bytes_max"] = (per_token * window + state if window else state if spec.kind == "linear" else None)
+             "linear_state_dtype": kind.state_dtype(options),
+             "kernels": kind.kernels(cfg, options), "notes": notes}
+    # a window bounds the cache; a kind with no per-token cache holds its state alone; else it grows
+    facts["kv_cache_bytes_max"] = per_token * window + state if window else state if per_token == 0 else None
     facts["kv_cache_bytes_per_sequence"] = {str(n): kv_cache_bytes_per_sequence(facts, n) for n in REPORT_LENGTHS}
     return facts
 
@@ -391,3 +331,14 @@ def kv_cache_bytes_per_sequence(facts: dict, seq_len: int, batch: int = 1) -> in
     """Bytes of KV cache (or linear state) one sequence of `seq_len` tokens holds, from `apply_attention`'s facts."""
     tokens = seq_len if facts.get("window") is None else min(seq_len, facts["window"])
     return batch * (facts["kv_cache_bytes_per_token"] * tokens + facts["state_bytes_per_sequence"])
+
+
+class _Helpers:
+    """What a kind's apply may call here (variants/attention_kinds.py): transformers' sdpa switch and gqa's pooling."""
+    set_sdpa = staticmethod(lambda model: _set_sdpa(model))
+    check_gqa = staticmethod(lambda modules, family: _check_gqa(modules, family))
+    convert_to_gqa = staticmethod(lambda model, modules, kv_heads, family: _convert_to_gqa(model, modules, kv_heads,
+                                                                                          family))
+
+
+_HELPERS = _Helpers()

@@ -132,6 +132,10 @@ class LinearStateLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
+    @classmethod
+    def for_runtime(cls, runtime) -> "LinearStateLayer":
+        return cls(runtime.chunk, runtime.acc_dtype)
+
     def __init__(self, chunk: int, acc_dtype=None):
         super().__init__()
         self.chunk = chunk

@@ -1,4 +1,5 @@
-"""Module replacement for the attention kinds transformers has no kernel for: linear and sliding.
+"""Module replacement for the attention kinds transformers has no kernel for (linear and sliding: those whose
+`swaps_modules`, variants/attention_kinds.py).
 
 Each attention module of a supported family (attention.FAMILIES) gets a subclass of its own class
 whose `forward` projects and rotates exactly as the original, then hands q, k, v to a cache layer of
@@ -40,29 +41,23 @@ from typing import Callable
 
 import torch
 
-from .attention_linear import LinearStateLayer
-from .attention_sliding import RollingKVLayer
 
 IMPLEMENTATION = "variantlab"
 
 
 @dataclass(frozen=True)
 class AttentionRuntime:
-    """What a swapped module needs at run time; one per model."""
+    """What a swapped module needs at run time; one per model. `layer_type`: the cache layer class its kind
+    keeps state in (variants/attention_kinds.py), made from this runtime by its `for_runtime`."""
 
-    kind: str                     # "linear" | "sliding"
+    kind: str                     # the kind's name, for messages
+    layer_type: type
     window: int | None = None
     chunk: int = 64
     acc_dtype: torch.dtype | None = torch.float32  # linear state; None: the model's dtype
 
     def new_layer(self):
-        if self.kind == "sliding":
-            return RollingKVLayer(self.window)
-        return LinearStateLayer(self.chunk, self.acc_dtype)
-
-    @property
-    def layer_type(self) -> type:
-        return RollingKVLayer if self.kind == "sliding" else LinearStateLayer
+        return self.layer_type.for_runtime(self)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

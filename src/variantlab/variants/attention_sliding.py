@@ -97,6 +97,10 @@ class RollingKVLayer(CacheLayerMixin):
     is_sliding = True
     is_croppable = False
 
+    @classmethod
+    def for_runtime(cls, runtime) -> "RollingKVLayer":
+        return cls(runtime.window)
+
     def __init__(self, window: int):
         super().__init__()
         self.window = window

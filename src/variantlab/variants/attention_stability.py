@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .attention import AttentionOptions, AttentionSpec, parse_attention
+from .attention_kinds import attention_kind
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -94,23 +95,8 @@ def default_variants(heads: int = 4, window: int = 512) -> list[StabilityVariant
 
 def run_kernel(variant: StabilityVariant, q, k, v):
     """(output, intermediates finite?): the variant's attention of q (B, H, T, D) over k, v (B, Hkv, T, D),
-    computed in q's dtype."""
-    from .attention_linear import linear_attention_chunked, normaliser
-    from .attention_sliding import sliding_attention
-
-    spec = variant.spec
-    scale = q.shape[-1] ** -0.5
-    if spec.kind == "linear":
-        import torch
-        acc = q.dtype if (variant.options.linear_state_dtype == "model" or q.dtype == torch.float64) else torch.float32
-        out, state = linear_attention_chunked(q, k, v, chunk=variant.options.linear_chunk, acc_dtype=acc)
-        den = normaliser(q, k, acc_dtype=acc)
-        return out, all(bool(torch.isfinite(x).all()) for x in (*state, den))
-    if spec.kind == "sliding":
-        return sliding_attention(q, k, v, spec.window, scale), True
-    import torch.nn.functional as F  # what transformers' sdpa path calls for an unpadded prefill
-    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa), True
+    computed in q's dtype, by its kind's kernel (variants/attention_kinds.py)."""
+    return attention_kind(variant.spec.kind).run_kernel(variant.spec, variant.options, q, k, v)
 
 
 def relative_error(out, ref) -> tuple[float, str]:
@@ -141,10 +127,10 @@ def attention_stability(variants: Sequence[StabilityVariant] | None = None,
         kv = torch.randn(2, 1, heads, t, head_dim, generator=gen, dtype=torch.float64).to(device)
         for variant in variants:
             k, v = kv
-            if variant.spec.kind == "gqa":  # its own K/V heads: the first kv_heads of the draw
-                if heads % variant.spec.kv_heads:
-                    raise ValueError(f"{variant.label}: kv_heads must divide heads={heads}")
-                k, v = k[:, :variant.spec.kv_heads], v[:, :variant.spec.kv_heads]
+            try:
+                k, v = attention_kind(variant.spec.kind).reference_kv(variant.spec, k, v)   # e.g. gqa's own heads
+            except ValueError as e:
+                raise ValueError(f"{variant.label}: {str(e).partition(': ')[2] or e}") from None
             ref = run_kernel(variant, q, k, v)[0]
             for name in dtypes:
                 dt = getattr(torch, DTYPES[name])

@@ -87,11 +87,12 @@ def resolve_variant_attention(variant, *, config: dict | None = None, file: str 
     `config`: the checkpoint's config.json; the attention kind is then checked against its architecture
     (attention.check_attention_for), so that a combination that cannot work is refused while planning."""
     from .attention import check_attention_for, parse_attention, parse_attention_options
+    from .attention_kinds import accepted
 
     if variant.attention is None:
         if variant.attention_options:
             raise RecipeError("attention_options need an attention", file=file, field=f"{field}.attention_options",
-                              accepted="attention: sdpa | gqa:<kv_heads> | linear | sliding:<window>")
+                              accepted=f"attention: {accepted()}")
         return None
     spec = parse_attention(variant.attention, file=file, field=f"{field}.attention")
     parse_attention_options(variant.attention_options, file=file, field=f"{field}.attention_options")
