@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Literal
 
 from pydantic import Field, ValidationError
@@ -333,12 +334,5 @@ def kv_cache_bytes_per_sequence(facts: dict, seq_len: int, batch: int = 1) -> in
     return batch * (facts["kv_cache_bytes_per_token"] * tokens + facts["state_bytes_per_sequence"])
 
 
-class _Helpers:
-    """What a kind's apply may call here (variants/attention_kinds.py): transformers' sdpa switch and gqa's pooling."""
-    set_sdpa = staticmethod(lambda model: _set_sdpa(model))
-    check_gqa = staticmethod(lambda modules, family: _check_gqa(modules, family))
-    convert_to_gqa = staticmethod(lambda model, modules, kv_heads, family: _convert_to_gqa(model, modules, kv_heads,
-                                                                                          family))
-
-
-_HELPERS = _Helpers()
+# what a kind's apply may call here (variants/attention_kinds.py): transformers' sdpa switch and gqa's pooling
+_HELPERS = SimpleNamespace(set_sdpa=_set_sdpa, check_gqa=_check_gqa, convert_to_gqa=_convert_to_gqa)
