@@ -11,6 +11,10 @@ from __future__ import annotations
 __version__ = "0.1.0"
 __all__ = ["bench", "load_suite", "__version__"]
 
+from . import plugins as _plugins  # noqa: E402 - before any registry is read: VARIANTLAB_PLUGINS register kinds
+
+_plugins.load()
+
 
 def bench(suite_path, *, store=None, output_dir=None, artifacts=None, rounds=None, skip_bad_lines=False,
           executor=None):

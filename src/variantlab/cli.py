@@ -24,6 +24,14 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+@app.callback()
+def _plugins_imported() -> None:
+    """A plugin of VARIANTLAB_PLUGINS that did not import is bad input, before any verb runs."""
+    from .plugins import ENV, error
+    if error() is not None:
+        _fail(VariantlabError(error(), field=ENV, accepted="comma-separated importable module names"))
+
+
 def _open_store(path: Path):
     """An existing results store (reading never creates one)."""
     from .store import Store

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .variants.registry import group_wise, int8_activations, kernel_recipes, takes_compute_dtype
+
 # The compile rule's figures (docs/engine.md; benchmarks/engine_decode.py --compile on a 115M
 # Llama): compiling takes 5-30 s in every worker and decodes 1.2-1.6x as fast as eager.
 COMPILE_S = 15.0
@@ -182,8 +184,9 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3f} ms"
 
 
-WEIGHT_ONLY = ("int8", "int4")
-DENSE_OR_W8A8 = ("fp32", "bf16", "fp16", "w8a8")   # what the crossover weighs weight-only against
+# the crossover weighs the weight-only kernels (int8, int4) against the dense recipes and w8a8
+WEIGHT_ONLY = tuple(r for r in kernel_recipes() if not int8_activations(r))
+DENSE_OR_W8A8 = ("fp32", "bf16", "fp16") + tuple(r for r in kernel_recipes() if int8_activations(r) and not group_wise(r))
 
 
 def _fastest(kt, paths, m: float) -> tuple[str, float]:
@@ -297,7 +300,7 @@ def hardware_config(facts, ceilings, kernel_times, workload: Workload, *, device
     else:
         choices += _recipe_choices(kt, workload, paths)
         recipe = choices[1].value
-        options = {"compute_dtype": kt.compute_dtype} if recipe in ("int8", "int4", "w8a8", "w4a8") else {}
+        options = {"compute_dtype": kt.compute_dtype} if takes_compute_dtype(recipe) else {}
     cuda = device.startswith("cuda") and not unknown
     cap = _capability(_gpu(facts, device)) if cuda else None
     if cuda:

@@ -25,8 +25,10 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
+from .variants.registry import kernel_recipes
+
 DENSE = ("fp32",)                                  # plus the compute dtype (bf16, or fp16 on older GPUs)
-QUANTIZED = ("int8", "int4", "w8a8", "w4a8")       # sparse: CUDA only and needs pruning; not timed
+QUANTIZED = kernel_recipes()                      # int8, int4, w8a8, w4a8 (sparse: CUDA only, not timed)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SHAPE = (1024, 1024)                               # in → out features when no model is given
 PARAMETERS = 64 * 1024 * 1024                      # linear weights of the model a default run stands for

@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import SuiteError
+from .errors import SuiteError, VariantlabError
+from .measure.backend_kinds import BUILD_FIELDS, backend_kind, backend_names
+from .measure.backend_kinds import accepted as backend_accepted
 from .measure.limits import ACCEPTED_SIZE, parse_size
 from .measure.scenarios import SCENARIO_SPECS
 from .sizes import (MAX_BATCH, MAX_DURATION_S, MAX_SAMPLES, MAX_STOP_STRINGS, MAX_THREADS, MAX_TIMEOUT_S,
@@ -94,6 +96,10 @@ class Workload(_Frozen):
         return v
 
 
+def backend_help() -> str:
+    return "; ".join(f"{name}: {backend_kind(name).help}" for name in backend_names())
+
+
 class VariantSpec(_Frozen):
     """One variant: a recipe applied to the suite's model, or another checkpoint of its own."""
 
@@ -114,35 +120,37 @@ class VariantSpec(_Frozen):
     compile: bool | None = Field(None, description="torch.compile each decoder layer's MLP (dynamic shapes); "
                                  "compile time is reported apart from warm figures; absent or null: off, or what "
                                  "recipe: auto chooses")
-    backend: Literal["torch", "openai"] = Field("torch", description="torch: built and run here; openai: an "
-                                                "OpenAI-compatible endpoint at base_url, measured as it serves")
+    backend: str = Field("torch", description=f"the runtime it runs on: {backend_help()}",
+                         json_schema_extra=lambda schema: schema.update(enum=list(backend_names())))
     base_url: str | None = Field(None, pattern=r"^https?://", description="openai: the endpoint, e.g. "
                                  "http://127.0.0.1:8000/v1")
     served_model: str | None = Field(None, description="openai: the `model` to send (default: auto)")
     api_key_env: str | None = Field(None, description="openai: the environment variable that holds its API key")
 
     @model_validator(mode="after")
-    def _endpoint(self) -> "VariantSpec":
-        if self.backend == "torch":
-            extra = [k for k in ("base_url", "served_model", "api_key_env") if getattr(self, k) is not None]
+    def _backend(self) -> "VariantSpec":
+        """What the backend takes: the fields another backend owns are refused, and so are the fields that
+        make a variant from a checkpoint where this backend is not built from one; then its own check."""
+        try:
+            kind = backend_kind(self.backend)
+        except VariantlabError:
+            raise ValueError(f"unknown backend {self.backend!r} (accepted: {backend_accepted()})") from None
+        for other in backend_names():
+            owned = backend_kind(other).fields
+            extra = [k for k in owned if other != kind.name and k not in kind.fields and getattr(self, k) is not None]
             if extra:
-                raise ValueError(f"{', '.join(extra)} is for backend: openai (this variant's backend is torch)")
-            return self
-        if self.base_url is None:
-            raise ValueError("backend: openai needs base_url (an OpenAI-compatible endpoint, e.g. "
-                             "http://127.0.0.1:8000/v1)")
-        built = [k for k in ("recipe", "options", "model", "weight_dtype", "activation_dtype", "quant_scheme",
-                             "attention", "attention_options", "compile") if getattr(self, k) not in (None, {})]
+                raise ValueError(f"{', '.join(extra)} is for backend: {other} (this variant's backend is "
+                                 f"{kind.name})")
+        kind.check(self)
+        built = [k for k in BUILD_FIELDS if k not in kind.takes and getattr(self, k) not in (None, {})]
         if built:
-            raise ValueError(f"an endpoint is measured as it serves: {', '.join(built)} cannot apply to backend: "
-                             "openai")
+            raise ValueError(f"{kind.refusal}: {', '.join(built)} cannot apply to backend: {kind.name}")
         return self
 
     @property
-    def endpoint(self) -> dict | None:
-        if self.backend != "openai":
-            return None
-        return {"base_url": self.base_url, "model": self.served_model, "api_key_env": self.api_key_env}
+    def builds(self) -> bool:
+        """Whether this variant is built from a checkpoint (the suite's model, or its own)."""
+        return backend_kind(self.backend).builds
 
 
 class SLOSpec(_Frozen):
@@ -372,7 +380,7 @@ def parse_suite(data: dict, file: str = "<suite>") -> Suite:
 
 def _check_names(suite: Suite, file: str) -> None:
     if suite.model is None:
-        needs = [v.name for v in suite.variants if v.backend == "torch" and v.model is None]
+        needs = [v.name for v in suite.variants if v.builds and v.model is None]
         if needs:
             raise SuiteError(f"required field is missing: variant '{needs[0]}' is built from the suite's model",
                              file=file, field="model", accepted="a model directory or builtin:tiny-structured "

@@ -130,7 +130,24 @@ def test_an_endpoint_variant_resumes(tmp_path):
                                                             "base_url": "http://127.0.0.1:9/v1"}],
                             "workload": SMALL})
     stored, again = stored_then_replanned(path, tmp_path / "store.sqlite")
-    assert again == stored and stored["variants"][1]["endpoint"]["base_url"] == "http://127.0.0.1:9/v1"
+    assert again == stored and stored["variants"][1]["backend_config"]["base_url"] == "http://127.0.0.1:9/v1"
+
+
+def test_a_run_stored_when_a_definition_named_its_endpoint_still_resumes(tmp_path):
+    """Before the backend registry a stored plan's variant carried `endpoint` (null, or the endpoint's dict)
+    where it now carries backend and backend_config: such a run replans as the same plan."""
+    path = write(tmp_path, {"variants": [{"name": "base"}, {"name": "served", "backend": "openai",
+                                                            "base_url": "http://127.0.0.1:9/v1"}],
+                            "workload": SMALL})
+    plan = plan_suite_file(path)
+    old = plan.to_json()
+    for v in old["variants"]:
+        config = v.pop("backend_config")
+        v["endpoint"] = config if v.pop("backend") == "openai" else None
+    with Store(tmp_path / "store.sqlite") as store:
+        store.create_run("run-1", plan.suite.model_dump(mode="json"), str(path.resolve()), old, {}, str(tmp_path))
+        row = store.run("run-1")
+    assert replan(row, tmp_path / "store.sqlite").to_json() == plan.to_json()
 
 
 def test_an_endpoint_variant_still_refuses_what_it_cannot_apply(tmp_path):

@@ -77,3 +77,22 @@ def engine(tiny_lm):
     from variantlab.backends.torch_engine import TorchEngine
     model, tok = tiny_lm
     return TorchEngine(model, tok, "cpu")
+
+
+def _plan_with_an_endpoint(tmp_path):
+    import yaml
+
+    from variantlab.measure.plan import plan_suite_file
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({
+        "model": "builtin:tiny-structured",
+        "variants": [{"name": "local"}, {"name": "far", "backend": "openai", "base_url": "http://127.0.0.1:9/v1"}]}))
+    return plan_suite_file(tmp_path / "s.yaml")
+
+
+def test_serve_hosts_the_suites_variants_our_engine_can_and_refuses_an_endpoint_asked_for(tmp_path):
+    from variantlab.serve.server import ServeOptions, served_names
+    plan = _plan_with_an_endpoint(tmp_path)
+    assert served_names(plan, ServeOptions(policy="adaptive")) == ["local"]
+    with pytest.raises(VariantlabError, match=r"variant 'far' runs on backend: openai, which `variantlab serve` "
+                                              r"cannot host.*accepted: local"):
+        served_names(plan, ServeOptions(policy="adaptive", variants=("far",)))

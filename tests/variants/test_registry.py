@@ -52,3 +52,11 @@ def test_bad_option_is_one_line_without_pydantic_prefix():
         resolve_variant_recipe(v, file="s.yaml", field="variants[0]")
     assert "\n" not in str(e.value) and "Value error" not in str(e.value)
     assert "variants[0].options" in str(e.value)
+
+
+def test_what_the_machine_layer_auto_and_explain_read_comes_from_the_recipes_attributes():
+    from variantlab.variants.registry import RECIPES, group_wise, int8_activations, kernel_recipes, takes_compute_dtype
+    assert kernel_recipes() == ("int8", "int4", "w8a8", "w4a8")     # sparse: CUDA only
+    assert [n for n in RECIPES if int8_activations(n)] == ["w8a8", "w4a8", "sparse"]
+    assert [n for n in RECIPES if group_wise(n)] == ["int4", "w4a8", "mixed"]
+    assert not any(takes_compute_dtype(n) for n in ("fp32", "bf16", "fp16", "nope"))

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 from ..errors import VariantlabError
 from ..variants.artifact import META_FILE
+from ..variants.registry import int8_activations
 from .roofline import ModelShape, Roofline, StepCost, per_token_decode_cost, per_token_prefill_cost, roofline
 from .attribution import PhaseAttribution, attribute, phase_times
 
@@ -154,7 +155,7 @@ class Explanation:
 
 def _peak(ceilings: dict, recipe: str, dtype: str) -> float | None:
     """The compute ceiling a recipe's matmuls run against: int8 ones for w8a8/w4a8, else its dtype's."""
-    if recipe in ("w8a8", "w4a8", "sparse"):
+    if int8_activations(recipe):
         return ceilings.get("int8_tops")
     return (ceilings.get("matmul_tflops") or {}).get(dtype)
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
 from ..errors import RecipeError
 from ..spec_model import SpecModel
 from ..variants.linear_widths import by_width, quantized_in_features, undivided
-from ..variants.registry import parse_options, register_plan_time
+from ..variants.registry import group_wise, kernel_recipes, parse_options, register_plan_time
 
 Timed = Literal["fp32", "bf16", "fp16", "int8", "int4", "w8a8", "w4a8"]
 GROUP_SIZE = 64          # int4 / w4a8 default group size: every in_features must divide by it
@@ -158,10 +158,10 @@ class AutoRecipe:
             (h, inter), params = shape
             workload = replace(workload, layers=params / (h * inter))
             if bad := undivided_by_group(config, h, inter):
-                grouped = ("int4", "w4a8")
-                candidates = tuple(c for c in (candidates or ("fp32", "bf16", "fp16", "int8", "w8a8"))
-                                   if c not in grouped)
-                notes.append(f"int4 and w4a8 left out: group size {GROUP_SIZE} does not divide in_features {bad}")
+                grouped = [r for r in kernel_recipes() if group_wise(r)]
+                candidates = tuple(c for c in (candidates or get_args(Timed)) if not group_wise(c))
+                notes.append(f"{' and '.join(grouped)} left out: group size {GROUP_SIZE} does not divide "
+                             f"in_features {bad}")
         else:
             notes.append("the model's config.json gives no hidden size or layer count: timed at 1024→1024")
         cfg = machine_config(workload, device=_device(suite.device), shape=shape[0] if shape else None,

@@ -31,6 +31,7 @@ from ..suite import Suite, load_suite
 from ..variants.build import VariantDefinition
 from ..variants.registry import get_recipe, resolve_variant_attention, resolve_variant_recipe
 from . import auto_recipe  # noqa: F401 - registers `recipe: auto` with the recipe registry
+from .backend_kinds import backend_kind
 from .trackers import standard_trackers
 
 CALIBRATION_LIMIT = 512   # texts handed to a build job at most
@@ -255,8 +256,10 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
     to say before measuring to `warnings`."""
     v, field = suite.variants[i], f"variants[{i}]"
     found = len(problems)
-    if v.endpoint is not None:   # measured as it serves: nothing to build or check here
-        return PlannedVariant(VariantDefinition(v.name, endpoint=v.endpoint), base.path if base else Path("."))
+    kind = backend_kind(v.backend)
+    if not kind.builds:   # measured as it serves (an endpoint): nothing to build or check here
+        return PlannedVariant(VariantDefinition(v.name, backend=kind.name, backend_config=kind.config(v)),
+                              base.path if base else Path("."))
     recipe = options = None
     try:
         recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)

@@ -31,8 +31,9 @@ from ..environment import host_fingerprint
 from ..errors import StoreError, VariantlabError
 from ..store import DEFAULT_STORE, DONE, INTERRUPTED, Store
 from ..variants.artifact import META_FILE, artifact_problem, read_variant_json
-from ..variants.build import calibration_digest
+from ..variants.build import calibration_digest, upgraded
 from .analysis import Comparison, analyse
+from .backend_kinds import backend_kind
 from .executor import Executor, LocalProcessExecutor, Task
 from .limits import Limits
 from .plan import Plan, PlannedVariant, available_cores
@@ -229,7 +230,8 @@ def replan(row, store_file: Path) -> Plan:
     plan = make_plan(stored_suite(row, suite_path), suite_path, base_dir,
                      bool(row.plan.get("skip_bad_lines"))).with_rounds(int(row.plan["rounds"]))
     now = json.loads(json.dumps(plan.to_json()))     # as the store holds it: an auto recipe's tuples are lists
-    changed = [k for k in sorted(set(now) | set(row.plan)) if now.get(k) != row.plan.get(k)]
+    stored = {**row.plan, "variants": [upgraded(v) for v in row.plan.get("variants") or ()]}  # an older shape
+    changed = [k for k in sorted(set(now) | set(stored)) if now.get(k) != stored.get(k)]
     if changed:
         raise VariantlabError(f"run {row.run_id} cannot be resumed: its plan made again today differs in "
                               f"{', '.join(changed)} (the suite's model, dataset or recipes changed since)",
@@ -290,15 +292,16 @@ class _Run:
         plan, builds, pending = self.plan, {}, {}
         for v in plan.variants:
             stored = finished.get((v.name, "build", 0))
-            if stored is not None and (stored.status != "ok" or v.definition.endpoint is not None
+            kind = backend_kind(v.definition.backend)
+            if stored is not None and (stored.status != "ok" or not kind.builds
                                        or mismatch(plan, v, Path(stored.artifact_dir)) is None):
                 builds[v.name] = stored
                 continue
-            record, not_reused = ((endpoint_record(v), ()) if v.definition.endpoint is not None
+            record, not_reused = ((nothing_built_record(v), ()) if not kind.builds
                                   else reused_artifact(plan, v, self.artifacts_dir))
             if record is not None:
-                self._keep_build(f"{v.name} · artifact reused" if record.reused else f"{v.name} · endpoint", record,
-                                 builds)
+                self._keep_build(f"{v.name} · artifact reused" if record.reused else f"{v.name} · {kind.label}",
+                                 record, builds)
                 continue
             folder = self.out / "variants" / v.name
             task = build_task(plan, v, folder / "artifact", folder / "build", self.threads, self.events)
@@ -412,13 +415,11 @@ def reused_artifact(plan: Plan, v: PlannedVariant,
                        timings=meta.get("build", {})), ()
 
 
-def endpoint_record(v: PlannedVariant) -> BuildRecord:
-    """A `backend: openai` variant's build record: nothing was built; what it is, in its facts."""
-    e = v.definition.endpoint
+def nothing_built_record(v: PlannedVariant) -> BuildRecord:
+    """The build record of a variant whose backend builds nothing (an endpoint): what it is, in its facts."""
+    d = v.definition
     return BuildRecord(variant=v.name, status="ok", artifact_dir="",
-                       facts={"recipe": "endpoint", "dtype": None, "kernels": [f"served by {e['base_url']}"],
-                              "notes": [f"backend: openai, model {e.get('model') or 'auto'}: only what the "
-                                        "endpoint exposes is measured"]})
+                       facts=backend_kind(d.backend).describe(d.backend_config))
 
 
 def build_task(plan: Plan, v: PlannedVariant, artifact_dir: Path, workdir: Path, threads: int,
@@ -434,7 +435,7 @@ def build_task(plan: Plan, v: PlannedVariant, artifact_dir: Path, workdir: Path,
 def prepare_kernels(plan: Plan, events: Events) -> None:
     """variantlab's CPU kernels built here, once, before the first worker (which then only loads them), so that
     no build lands inside a timed stage: when a variant runs on this machine's CPU (variants/kernels.prepare)."""
-    if any(v.definition.endpoint is None for v in plan.variants):
+    if any(backend_kind(v.definition.backend).our_kernels for v in plan.variants):
         from ..variants import kernels
         kernels.prepare(events.on_note, plan.suite.device)
 
@@ -460,10 +461,10 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
     executor = executor or LocalProcessExecutor()
     events = events or Events()
     threads = plan.suite.threads or available_cores()
-    results: dict[str, BuildRecord] = {v.name: endpoint_record(v) for v in plan.variants
-                                       if v.definition.endpoint is not None}
+    results: dict[str, BuildRecord] = {v.name: nothing_built_record(v) for v in plan.variants
+                                       if not backend_kind(v.definition.backend).builds}
     tasks = [build_task(plan, v, out / v.name, out / ".logs" / v.name, threads, events)
-             for v in plan.variants if v.definition.endpoint is None]
+             for v in plan.variants if backend_kind(v.definition.backend).builds]
 
     def on_done(task: Task, record, _) -> None:
         results[record.variant] = record

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 
 from ..suite import DEFAULT_SAMPLES, Suite, parse_suite
+from .backend_kinds import backend_kind, backend_names
 
 _ANALYSIS_WORDS = ("weight_dtype", "activation_dtype", "quant_scheme")
 
@@ -28,7 +29,8 @@ def as_given(suite: dict, plan: dict) -> dict:
         dataset["n"] = None           # a given n refuses a shorter file: the run would not exist
     planned = {v.get("name"): v for v in plan.get("variants") or () if isinstance(v, dict)}
     for v in suite.get("variants") or ():
-        if v.get("backend") == "openai":             # given, an endpoint refuses them
+        backend = v.get("backend", "torch")
+        if backend in backend_names() and "recipe" not in backend_kind(backend).takes:   # given, refused there
             v.update({k: None for k, old in (("recipe", "fp32"), ("compile", False)) if v.get(k) == old})
         elif any(v.get(w) is not None for w in _ANALYSIS_WORDS) and v.get("recipe") == "fp32":
             v["recipe"] = None                        # given beside weight_dtype, a recipe is refused

@@ -138,13 +138,21 @@ def build_server(plan, options: ServeOptions = ServeOptions(), log=print) -> Ser
 
 
 def served_names(plan, options: ServeOptions) -> list[str]:
-    """The variants asked for (all of the suite's by default), checked against the suite; single and
-    static serve the first."""
-    names = list(options.variants) or [v.name for v in plan.variants]
+    """The variants asked for (by default all of the suite's that our engine can host: not an endpoint),
+    checked against the suite; single and static serve the first."""
+    from ..measure.backend_kinds import backend_kind
+    hosted = [v.name for v in plan.variants if backend_kind(v.definition.backend).serves]
+    names = list(options.variants) or hosted
     unknown = [n for n in names if n not in {v.name for v in plan.variants}]
     if unknown:
         raise VariantlabError(f"no variant named {', '.join(map(repr, unknown))} in the suite", field="--variants",
                               accepted=", ".join(v.name for v in plan.variants))
+    elsewhere = [n for n in names if n not in hosted]
+    if elsewhere or not names:
+        raise VariantlabError(f"variant {elsewhere[0]!r} runs on backend: {plan.variant(elsewhere[0]).definition.backend}, "
+                              "which `variantlab serve` cannot host" if elsewhere else "no variant of the suite "
+                              "runs on a backend `variantlab serve` can host", field="--variants",
+                              accepted=", ".join(hosted) or "a suite with a backend: torch variant")
     if not policy_kind(options.policy).routes:
         names = names[:1]
     return names

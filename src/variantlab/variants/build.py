@@ -30,20 +30,36 @@ class VariantDefinition:
     attention: str | None = None            # "gqa:2", "linear", …; None: the checkpoint's own
     attention_options: dict = field(default_factory=dict)
     compile: bool = False                   # a runtime setting: the measuring host compiles after loading
-    endpoint: dict | None = None            # backend: openai: {base_url, model, api_key_env}; nothing is built
+    backend: str = "torch"                  # the runtime it runs on (measure/backend_kinds/)
+    backend_config: dict = field(default_factory=dict)   # what that backend takes of the suite entry (openai: its
+                                                         # base_url, model, api_key_env)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> "VariantDefinition":
-        return cls(**d)
+        return cls(**upgraded(d))
 
     @property
     def attention_json(self) -> dict | None:
         """How an artifact records the attention conversion (None: the model's own)."""
         return {"spec": self.attention, "options": dict(self.attention_options)} if self.attention else None
 
+
+def upgraded(d: dict) -> dict:
+    """A definition as an earlier version stored it, in today's shape: `endpoint` (a dict, or null) became
+    backend: openai with it as its backend_config. Keys other than the definition's (a plan's `source`) stay."""
+    if "endpoint" not in d:
+        return d
+    d = dict(d)
+    endpoint = d.pop("endpoint")
+    if endpoint is not None:
+        d.update(backend="openai", backend_config=endpoint)
+    else:
+        d.setdefault("backend", "torch")
+        d.setdefault("backend_config", {})
+    return d
 
 @dataclass
 class BuiltVariant:

@@ -4,7 +4,7 @@ A runtime setting, applied by the measuring host after the variant loads and tim
 cold-start stage. Over the engine's preallocated (static) KV cache, the whole decode step is
 compiled with static shapes, as gpt-fast does (`TorchEngine.compile_decode_step`); a model whose
 attention keeps cache layers of its own (variantlab's linear and sliding kinds) has no static cache,
-and only its decoder MLPs are compiled (dynamic shapes). The worker's `compile_warmup` (measure/worker.py) then runs the shapes the
+and only its decoder MLPs are compiled (dynamic shapes). The worker's `compile_warmup` (measure/process.py) then runs the shapes the
 scenarios start with (one request, a batch of two) so that compilation happens there; the
 scenarios' own warm-up covers the other shapes, never a timed request.
 """

@@ -6,7 +6,7 @@ from typing import Any
 from ..errors import RecipeError
 from .dtype import DtypeRecipe
 from .mixed import MixedRecipe
-from .quant import QUANT_RECIPES
+from .quant import QUANT_RECIPES, QuantRecipe
 from .recipe import Recipe
 
 DEFAULT_RECIPE = "fp32"   # a suite variant's recipe when it names none (nor weight_dtype/activation_dtype)
@@ -99,3 +99,27 @@ def resolve_variant_attention(variant, *, config: dict | None = None, file: str 
     if config is not None:
         check_attention_for(config, spec, file=file, field=f"{field}.attention")
     return str(spec)
+
+
+# -- what the machine layer, `recipe: auto` and explain read of the recipes, from their attributes
+
+def kernel_recipes() -> tuple[str, ...]:
+    """The recipes that turn each linear layer into one quantized kernel and run without CUDA (the ones the
+    machine layer times, kernel_times.py): weight-only before int8 activations, per channel before group-wise."""
+    kinds = [r for r in RECIPES.values() if isinstance(r, QuantRecipe) and not r.cuda_only]
+    return tuple(r.name for r in sorted(kinds, key=lambda r: (r.activations == "int8", r.grouped)))
+
+
+def int8_activations(name: str) -> bool:
+    """Whether the recipe's matmuls run on int8 activations (against the int8 compute ceiling)."""
+    return getattr(RECIPES.get(name), "activations", None) == "int8"
+
+
+def group_wise(name: str) -> bool:
+    """Whether the recipe quantizes weights in groups along in_features (a group size must divide them)."""
+    return bool(getattr(RECIPES.get(name), "grouped", False))
+
+
+def takes_compute_dtype(name: str) -> bool:
+    recipe = RECIPES.get(name)
+    return recipe is not None and "compute_dtype" in getattr(recipe.options_model, "model_fields", {})
