@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..measure.build_summary import BuildSummary
 from ..measure.scenarios import SCENARIOS
 from .constraints import swept_lengths
 from .objectives import Scenarios
@@ -116,7 +117,7 @@ class Crossover:
 
 
 def attention_of(comparison, name: str) -> str:
-    return (comparison.builds.get(name) or {}).get("attention") or "sdpa"
+    return (comparison.builds.get(name) or BuildSummary()).attention or "sdpa"
 
 
 def attention_guideline(comparison, scenarios: list[dict]) -> tuple[list[str], list[Crossover]]:
@@ -155,11 +156,11 @@ def sibling(comparison, v: str, ran: list[str]) -> str:
     attention when the run has one (so that the difference is attention's alone, not its quantization's),
     else the baseline."""
     base = comparison.baseline
-    mine = comparison.builds.get(v) or {}
+    mine = comparison.builds.get(v) or BuildSummary()
     for other in [base] + [n for n in ran if n != base]:
-        theirs = comparison.builds.get(other) or {}
+        theirs = comparison.builds.get(other) or BuildSummary()
         if (other != v and attention_of(comparison, other) == attention_of(comparison, base)
-                and (theirs.get("recipe"), theirs.get("dtype")) == (mine.get("recipe"), mine.get("dtype"))):
+                and (theirs.recipe, theirs.dtype) == (mine.recipe, mine.dtype)):
             return other
     return base
 

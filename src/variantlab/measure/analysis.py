@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from .build_summary import BuildSummary
 from .rounds import estimate_rounds, paired_delta
 from .stats import Delta, Estimate, exact_delta
 from .tracker import NOT_MEASURED, MetricDef, Problem
@@ -67,8 +68,12 @@ class Comparison:
     reasons: dict[str, str | None]
     rows: tuple[Row, ...]
     warnings: tuple[str, ...] = ()                           # the run's own; each row carries its noise warnings
-    builds: dict[str, dict] = field(default_factory=dict)   # per variant: recipe, kernels, notes, build time
+    builds: dict[str, BuildSummary] = field(default_factory=dict)   # per variant: recipe, kernels, notes, build
     rounds: dict[str, dict] = field(default_factory=dict)   # per variant: {"ok": n, "failed": n}
+
+    def __post_init__(self) -> None:   # builds given as the JSON's dicts are read into their record
+        object.__setattr__(self, "builds", {v: b if isinstance(b, BuildSummary) else BuildSummary.model_validate(b)
+                                            for v, b in self.builds.items()})
 
     def row(self, key: str) -> Row:
         """The row `key` ("single-stream.tpot_p50"), or the one row whose key ends in ".key" ("tpot_p50")."""
@@ -81,13 +86,13 @@ class Comparison:
     def to_json(self) -> dict:
         return {"baseline": self.baseline, "variants": list(self.variants), "status": self.status,
                 "reasons": self.reasons, "rows": [r.to_json() for r in self.rows], "warnings": list(self.warnings),
-                "builds": self.builds, "rounds": self.rounds}
+                "builds": {v: b.to_json() for v, b in self.builds.items()}, "rounds": self.rounds}
 
     @classmethod
     def from_json(cls, d: dict) -> "Comparison":
         return cls(d["baseline"], tuple(d["variants"]), d["status"], d["reasons"],
-                   tuple(Row.from_json(r) for r in d["rows"]), tuple(d.get("warnings", ())), d.get("builds", {}),
-                   d.get("rounds", {}))
+                   tuple(Row.from_json(r) for r in d["rows"]), tuple(d.get("warnings", ())),
+                   d.get("builds") or {}, d.get("rounds", {}))
 
 
 # ------------------------------------------------------------------ gathering
@@ -368,19 +373,19 @@ def _noise_warnings(label: str, baseline: str, noise: float | None, deltas: dict
     return out
 
 
-def _builds(builds, data) -> dict[str, dict]:
+def _builds(builds, data) -> dict[str, BuildSummary]:
     """What ran per variant: recipe, kernels and notes (from its facts), and its build."""
     out = {}
     for b in builds:
         v = data.get(b.variant)
         facts = b.facts or {}
-        out[b.variant] = {"recipe": facts.get("recipe"), "dtype": facts.get("dtype"),
-                          "attention": ((facts.get("extra") or {}).get("attention") or {}).get("attention"),
-                          "kernels": list((v.kernels if v and v.kernels else None) or facts.get("kernels", ())),
-                          "notes": list((v.notes if v and v.notes else None) or facts.get("notes", ())),
-                          "build_s": b.timings.get("build_s"), "reused": b.reused,
-                          "not_reused": list(b.not_reused), "artifact": artifact_line(b),
-                          "device": v.device if v else None}
+        out[b.variant] = BuildSummary(
+            recipe=facts.get("recipe"), dtype=facts.get("dtype"),
+            attention=((facts.get("extra") or {}).get("attention") or {}).get("attention"),
+            kernels=tuple((v.kernels if v and v.kernels else None) or facts.get("kernels", ())),
+            notes=tuple((v.notes if v and v.notes else None) or facts.get("notes", ())),
+            build_s=b.timings.get("build_s"), reused=b.reused, not_reused=tuple(b.not_reused),
+            artifact=artifact_line(b), device=v.device if v else None)
     return out
 
 

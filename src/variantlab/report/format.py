@@ -163,21 +163,21 @@ def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True
         lines.append(noise)
     if unstable_shown(c, rows):
         lines.append(UNSTABLE_LEGEND)
-    lines += [f"{v}: {b['artifact']}" for v, b in c.builds.items() if b.get("artifact")]
+    lines += [f"{v}: {b.artifact}" for v, b in c.builds.items() if b.artifact]
     if full:
         for v, b in c.builds.items():
             if c.status.get(v) != "ok":
                 continue
-            attention = b.get("attention")
-            lines.append(f"{v}: {b['recipe']}" + (f" + attention {attention}"
-                                                   if attention not in (None, "model's own") else "")
-                         + (f" on {b['device']}" if b.get("device") else "")
-                         + (" (artifact reused)" if b.get("reused") else
-                            f", built in {b['build_s']:.1f} s" if b.get("build_s") else "")
-                         + f"; kernels: {', '.join(b['kernels']) or 'n/a'}")
-            lines += [f"  note: {note}" for note in b.get("notes", ())]
-            if "artifact" not in b:   # a comparison stored before the artifact line
-                lines += [f"  artifact not reused: {why}" for why in b.get("not_reused", ())]
+            attention = b.attention
+            lines.append(f"{v}: {b.recipe}" + (f" + attention {attention}"
+                                               if attention not in (None, "model's own") else "")
+                         + (f" on {b.device}" if b.device else "")
+                         + (" (artifact reused)" if b.reused else
+                            f", built in {b.build_s:.1f} s" if b.build_s else "")
+                         + f"; kernels: {', '.join(b.kernels) or 'n/a'}")
+            lines += [f"  note: {note}" for note in b.notes]
+            if "artifact" not in b.model_fields_set:   # a comparison stored before the artifact line
+                lines += [f"  artifact not reused: {why}" for why in b.not_reused]
     lines += [f"note: {r.label}: {r.note}" for r in rows if r.note]
     lines += [f"warning: {w}" for w in (*c.warnings, *(w for r in rows for w in r.warnings))]
     return lines

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..explain.run import finite
+from ..measure.build_summary import BuildSummary
 from ..measure.runs import RESULTS_SCHEMA, stored_comparison
 from .html import RunPage
 
@@ -41,7 +42,7 @@ def scenario_specs(plan: dict, suite: dict) -> tuple[dict, ...]:
 def attention_kinds(comparison, plan: dict) -> dict[str, str]:
     """variant → its attention kind: what its build reports, else the plan's, else the model's own."""
     planned = {v.get("name"): v.get("attention") for v in plan.get("variants") or ()}
-    return {v: (comparison.builds.get(v) or {}).get("attention") or planned.get(v) or "model's own"
+    return {v: (comparison.builds.get(v) or BuildSummary()).attention or planned.get(v) or "model's own"
             for v in comparison.variants}
 
 
