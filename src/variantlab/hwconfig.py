@@ -186,7 +186,8 @@ def _ms(s: float) -> str:
 
 # the crossover weighs the weight-only kernels (int8, int4) against the dense recipes and w8a8
 WEIGHT_ONLY = tuple(r for r in kernel_recipes() if not int8_activations(r))
-DENSE_OR_W8A8 = ("fp32", "bf16", "fp16") + tuple(r for r in kernel_recipes() if int8_activations(r) and not group_wise(r))
+DENSE_OR_W8A8 = ("fp32", "bf16", "fp16") + tuple(r for r in kernel_recipes()
+                                                if int8_activations(r) and not group_wise(r))
 
 
 def _fastest(kt, paths, m: float) -> tuple[str, float]:

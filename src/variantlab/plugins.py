@@ -27,9 +27,5 @@ def load() -> None:
         _loaded.append(name)
 
 
-def loaded() -> tuple[str, ...]:
-    return tuple(_loaded)
-
-
 def error() -> str | None:
     return _error[0] if _error else None

@@ -135,11 +135,10 @@ class VariantSpec(_Frozen):
             kind = backend_kind(self.backend)
         except VariantlabError:
             raise ValueError(f"unknown backend {self.backend!r} (accepted: {backend_accepted()})") from None
-        for other in backend_names():
-            owned = backend_kind(other).fields
-            extra = [k for k in owned if other != kind.name and k not in kind.fields and getattr(self, k) is not None]
+        for other in (backend_kind(n) for n in backend_names() if n != kind.name):
+            extra = [k for k in other.fields if k not in kind.fields and getattr(self, k) is not None]
             if extra:
-                raise ValueError(f"{', '.join(extra)} is for backend: {other} (this variant's backend is "
+                raise ValueError(f"{', '.join(extra)} is for backend: {other.name} (this variant's backend is "
                                  f"{kind.name})")
         kind.check(self)
         built = [k for k in BUILD_FIELDS if k not in kind.takes and getattr(self, k) not in (None, {})]

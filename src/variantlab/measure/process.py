@@ -1,6 +1,6 @@
 """What every measuring worker process does around its job, whatever the backend: progress lines, the
-process's own start on the boot clock, threads and seed, the import stage, our CPU kernels, a failure as one
-line. The worker (measure/worker.py) and each backend kind's hooks (measure/backend_kinds/) use these."""
+process's own start on the boot clock, threads and seed, our CPU kernels, the compile warm-up, the tokenizer's
+fingerprint, a failure as one line. The worker (measure/worker.py) and each backend kind's hooks (measure/backend_kinds/) use these."""
 from __future__ import annotations
 
 import json

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backend_kinds import backend_kind
-from .process import (PROGRESS_PREFIX, compile_warmup, failure_reason, process_clock,  # noqa: F401 (re-exported)
+from .process import (PROGRESS_PREFIX, failure_reason, process_clock,  # noqa: F401 (read from here too)
                       process_start_time, progress, status_of)
 from .wire import (BuildJob, BuildRecord, Job, MeasureJob, MeasurementRecord, TrackerResult, decode_job,
                    encode_result)

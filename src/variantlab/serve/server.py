@@ -148,11 +148,13 @@ def served_names(plan, options: ServeOptions) -> list[str]:
         raise VariantlabError(f"no variant named {', '.join(map(repr, unknown))} in the suite", field="--variants",
                               accepted=", ".join(v.name for v in plan.variants))
     elsewhere = [n for n in names if n not in hosted]
-    if elsewhere or not names:
-        raise VariantlabError(f"variant {elsewhere[0]!r} runs on backend: {plan.variant(elsewhere[0]).definition.backend}, "
-                              "which `variantlab serve` cannot host" if elsewhere else "no variant of the suite "
-                              "runs on a backend `variantlab serve` can host", field="--variants",
+    if elsewhere:
+        raise VariantlabError(f"variant {elsewhere[0]!r} runs on backend: {plan.variant(elsewhere[0]).definition.backend}"
+                              ", which `variantlab serve` cannot host", field="--variants",
                               accepted=", ".join(hosted) or "a suite with a backend: torch variant")
+    if not names:
+        raise VariantlabError("no variant of the suite runs on a backend `variantlab serve` can host",
+                              field="--variants", accepted="a suite with a backend: torch variant")
     if not policy_kind(options.policy).routes:
         names = names[:1]
     return names

@@ -28,10 +28,11 @@ def open_torch(job, t_start: float) -> Opened:
 
     tokenizer = AutoTokenizer.from_pretrained(job.artifact_dir, local_files_only=True,
                                               trust_remote_code=job.trust_remote_code)
+    tokenizer_fingerprint = tokenizer_id(job.artifact_dir)   # counts in the tokenizer stage
     t_tokenizer = process_clock()
     built = variants.load(job.artifact_dir, device, tokenizer=tokenizer, trust_remote_code=job.trust_remote_code)
     t_loaded = process_clock()
-    engine = TorchEngine(built.model, built.tokenizer, device, tokenizer_id=tokenizer_id(job.artifact_dir))
+    engine = TorchEngine(built.model, built.tokenizer, device, tokenizer_id=tokenizer_fingerprint)
     t_compiled = t_loaded     # without compile, setting up the engine counts toward the first token
     if job.variant.get("compile"):
         from ...variants.compiled import compile_variant
