@@ -19,8 +19,8 @@ are reported as ties, not as wins.
         [--model DIR] [--dtype fp32|bf16|fp16]
 
 Default lengths 128, 512, 2048, 8192, and 32768 when this machine's free memory fits it (an
-estimate, printed); --quick: 128, 512, 2048, one repeat, 4 decode tokens. One thread by default,
-as in DESIGN.md's tables (a shared 2-core machine makes two threads fight). Numbers come from one
+estimate, printed); --quick: 128, 512, 2048, one repeat, 4 decode tokens. One thread by default
+(a shared 2-core machine makes two threads fight). Numbers come from one
 run on a possibly busy machine: re-run before quoting them; nothing here is asserted.
 """
 from __future__ import annotations

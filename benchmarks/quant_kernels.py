@@ -18,7 +18,7 @@ pad_to_group (zero-padded K), as the recipe would with that option.
 it runs correctly and faster" is a measurement (torchao is not a dependency; install it to compare).
 
 Timing: torch.utils.benchmark.Timer.blocked_autorange (warm-up, then blocks until --min-time),
-median per call; one thread by default, as in DESIGN.md's table. Ratios come from one run on a
+median per call; one thread by default. Ratios come from one run on a
 possibly busy machine: re-run before quoting them; nothing here is asserted.
 """
 from __future__ import annotations

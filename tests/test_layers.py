@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "variantlab"
 
 # low to high; a module belongs to the first layer whose prefixes (dotted, below variantlab) match it best
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("errors", "plugins", "sizes", "spec_model", "device_facts", "environment", "data", "models",
+    ("core", ("errors", "plugins", "payloads", "sizes", "spec_model", "device_facts", "environment", "data", "models",
               "measure.records", "measure.stats", "measure.accuracy")),   # typed request records, pure numerics
     ("variants", ("variants",)),
     ("machine", ("hardware", "kernel_times", "hwconfig")),

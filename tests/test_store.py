@@ -1,9 +1,11 @@
-"""The results store (store.py, schema 2): every record committed in its own transaction the moment it
+"""The results store (store.py, schema 3): every record committed in its own transaction the moment it
 arrives, upserted by (run, variant, kind, round); blobs content-addressed; WAL so that readers and
-two writers never lose anything; ids resolve by unique prefix; every problem is a one-line StoreError."""
+two writers never lose anything; ids resolve by unique prefix; every problem is a one-line StoreError; every
+JSON column versioned, and a schema 2 store (a previous version's) upgraded in place when opened."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import subprocess
 import sys
@@ -14,7 +16,9 @@ import pytest
 
 from variantlab.errors import StoreError
 from variantlab.measure.wire import BuildRecord, MeasurementRecord, TrackerResult
-from variantlab.store import DONE, INTERRUPTED, RUNNING, SCHEMA_VERSION, Store
+from variantlab.environment import HostEnvironment
+from variantlab.measure.plan_record import PlanRecord
+from variantlab.store import COLUMN_FORMATS, DONE, INTERRUPTED, RUNNING, SCHEMA_VERSION, Store
 
 SUITE = {"name": "demo", "variants": [{"name": "fp32"}, {"name": "bf16"}]}
 PLAN = {"baseline": "fp32", "rounds": 2, "variants": [{"name": "fp32"}, {"name": "bf16"}]}
@@ -56,14 +60,70 @@ def count(path, sql: str, *args) -> int:
 
 # ---------------------------------------------------------------- the file
 
-def test_a_new_store_is_schema_2_in_wal_mode(store):
+def test_a_new_store_is_schema_3_in_wal_mode(store):
     with sqlite3.connect(store.path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (str(SCHEMA_VERSION),)
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
 
 
-def test_reopening_a_schema_2_store_keeps_its_runs(tmp_path):
+# schema 2, as the previous version of store.py created it (before the formats column)
+SCHEMA_2 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE runs (run_id TEXT PRIMARY KEY, created TEXT NOT NULL, suite_name TEXT NOT NULL, suite_path TEXT,
+    suite_json TEXT NOT NULL, plan_json TEXT NOT NULL, environment_json TEXT NOT NULL, output_dir TEXT,
+    status TEXT NOT NULL, comparison_json TEXT, finished TEXT);
+CREATE TABLE records (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES runs(run_id),
+    variant TEXT NOT NULL, kind TEXT NOT NULL, round INTEGER NOT NULL, status TEXT NOT NULL, reason TEXT,
+    record_json TEXT NOT NULL, created TEXT NOT NULL, UNIQUE (run_id, variant, kind, round));
+CREATE TABLE blobs (sha256 TEXT PRIMARY KEY, data BLOB NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '2');
+"""
+OLD_PLAN = {"baseline": "fp32", "rounds": 2, "variants": [
+    {"name": "fp32", "recipe": "fp32", "endpoint": None, "source": "m"},
+    {"name": "served", "recipe": "fp32", "endpoint": {"base_url": "http://127.0.0.1:9/v1"}, "source": "m"}]}
+
+
+def schema_2_store(path, plan=OLD_PLAN, environment=ENV) -> None:
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_2)
+        db.execute("INSERT INTO runs VALUES ('old-1', '2026-11-01T00:00:00+00:00', 'demo', 'suite.yaml', ?, ?, ?,"
+                   " 'runs/old-1', 'done', NULL, NULL)", (json.dumps(SUITE), json.dumps(plan), json.dumps(environment)))
+        db.execute("INSERT INTO records (run_id, variant, kind, round, status, record_json, created) VALUES"
+                   " ('old-1', 'fp32', 'build', 0, 'ok', ?, '2026-11-01')", (build("fp32").model_dump_json(),))
+
+
+def test_a_schema_2_store_is_upgraded_when_opened_and_its_runs_read_in_todays_shape(tmp_path):
+    path = tmp_path / "old.sqlite"
+    schema_2_store(path)
+    with Store(path) as s:
+        row = s.run("old-1")
+        new_run(s, "new-1")
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+        formats = dict(db.execute("SELECT run_id, formats_json FROM runs").fetchall())
+    assert formats["old-1"] is None and json.loads(formats["new-1"]) == COLUMN_FORMATS
+    # the plan of format 1 (an endpoint variant named its server `endpoint`) reads as format 2
+    assert isinstance(row.plan, PlanRecord) and row.plan.rounds == 2 and row.plan.baseline == "fp32"
+    local, served = row.plan.variants
+    assert "endpoint" not in local and (local["backend"], local["backend_config"]) == ("torch", {})
+    assert (served["backend"], served["backend_config"]) == ("openai", {"base_url": "http://127.0.0.1:9/v1"})
+    assert isinstance(row.environment, HostEnvironment) and row.environment == ENV
+    with Store(path) as s:   # opened again: schema 3 as it is, the old run still there
+        assert [r.run_id for r in s.runs()] == ["new-1", "old-1"] and s.records("old-1")[0].variant == "fp32"
+
+
+def test_a_run_row_of_a_newer_format_is_refused_in_one_line(store):
+    new_run(store)
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE runs SET formats_json = ?", (json.dumps(COLUMN_FORMATS | {"plan_json": 99}),))
+    with pytest.raises(StoreError) as info:
+        store.run("run-1")
+    text = str(info.value)
+    assert "\n" not in text and "newer variantlab" in text and "plan_json (format 99" in text
+
+
+def test_reopening_a_schema_3_store_keeps_its_runs(tmp_path):
     with Store(tmp_path / "s.sqlite") as s:
         new_run(s)
     with Store(tmp_path / "s.sqlite") as s:
@@ -81,7 +141,7 @@ def test_a_schema_1_store_is_refused_with_one_line_naming_the_file(tmp_path):
     text = str(info.value)
     assert "\n" not in text and text.startswith(f"{path}: ")
     assert "schema 1" in text and "--store" in text
-    with sqlite3.connect(path) as db:   # left as it was: no schema 2 tables added
+    with sqlite3.connect(path) as db:   # left as it was: no schema 3 tables added
         tables = {r for (r,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert tables == {"meta", "measurements"}
         assert db.execute("SELECT value FROM meta").fetchall() == [("1",)]
@@ -156,6 +216,7 @@ def test_a_run_row_carries_suite_plan_and_environment(store):
     new_run(store)
     row = store.run("run-1")
     assert (row.suite, row.plan, row.environment) == (SUITE, PLAN, ENV)
+    assert row.plan.rounds == 2 and row.plan.to_json() == PLAN and row.environment.to_json() == ENV
     assert (row.suite_name, row.suite_path, row.output_dir) == ("demo", "suite.yaml", "runs/run-1")
     assert row.status == RUNNING and row.comparison is None and row.variants == ()
 
@@ -378,3 +439,11 @@ def test_two_writer_processes_on_a_new_file_lose_nothing(tmp_path):
         assert s.run("run-1").variants == (("a", "ok"), ("b", "ok")) or \
             s.run("run-1").variants == (("b", "ok"), ("a", "ok"))
     assert count(path, "SELECT COUNT(*) FROM blobs") == 60
+
+
+def test_a_run_whose_plan_does_not_read_is_one_line_naming_the_store(store):
+    new_run(store, plan={"rounds": "several"})
+    with pytest.raises(StoreError) as info:
+        store.run("run-1")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"{store.path}: run run-1 holds a plan or environment")

@@ -283,8 +283,7 @@ def build(suite: Path = typer.Argument(..., help="suite file (YAML)"),
     for v in plan.variants:
         r = results[v.name]
         ok = r.status == "ok"
-        facts = r.facts or {}
-        bits = 8 * r.bytes_on_disk / facts["parameters"] if ok and facts.get("parameters") else None
+        bits = 8 * r.bytes_on_disk / r.facts.parameters if ok and r.facts and r.facts.parameters else None
         t.add_row(v.name, v.definition.recipe, fmt_value(bits, "bits") if ok else "—",
                   fmt_value(r.bytes_on_disk, "B") if ok else "—",
                   fmt_value(r.timings.get("build_s"), "s") if ok else "—",

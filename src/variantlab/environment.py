@@ -1,8 +1,10 @@
 """The environment fingerprint stored with every run: what machine and software measured it.
 
 `host_fingerprint` needs no torch (the CLI process); `torch_fingerprint` is taken inside each
-worker, where torch is loaded, and adds threads, device, GPU and driver. `key_fingerprint` is what
-two runs must share to be compared (`variantlab compare`), `other_differences` the rest, in words.
+worker, where torch is loaded, and adds threads, device, GPU and driver. A run row carries the first as
+a `HostEnvironment`, each record the second as a `WorkerEnvironment` (typed payloads, payloads.py).
+`key_fingerprint` is what two runs must share to be compared (`variantlab compare`), `other_differences`
+the rest, in words.
 """
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import os
 import platform
 import sys
 from importlib import metadata
-from typing import Sequence
+from typing import Any, Sequence
+
+from .payloads import OpenPayload
 
 _INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16",
                       "amx_int8", "amx_fp16", "fma", "f16c", "asimd", "sve")
@@ -25,6 +29,39 @@ def _version(pkg: str) -> str | None:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
         return None
+
+
+class HostEnvironment(OpenPayload):
+    """The machine and software of a run (its row in the store): host_fingerprint and the run's settings."""
+
+    cpu_model: str | None = None
+    cpu_flags: tuple[str, ...] = ()
+    isa: dict[str, Any] = {}
+    cpu_count: int | None = None
+    memory_total_bytes: int | None = None
+    os: str | None = None
+    python: str | None = None
+    packages: dict[str, str | None] = {}
+    env: dict[str, str] = {}
+    threads_per_worker: int | None = None     # the run's settings, added by the runner
+    rounds: int | None = None
+
+
+class WorkerEnvironment(OpenPayload):
+    """Where one record was measured or built (torch_fingerprint, taken in its worker)."""
+
+    torch: str | None = None
+    threads: int | None = None
+    interop_threads: int | None = None
+    device: str | None = None
+    seed: int | None = None
+    cuda_available: bool | None = None
+    gpu: str | None = None
+    gpu_memory_bytes: int | None = None
+    cuda: str | None = None
+    capability: str | None = None
+    architecture: str | None = None
+    driver: str | None = None
 
 
 def host_fingerprint() -> dict:

@@ -6,6 +6,12 @@ everything already measured. Blobs (teacher-forced log-probs) are content-addres
 row carries the suite, the plan and the environment, a status (running | done | interrupted) and,
 once analysed, its comparison. Default path: ./variantlab.sqlite (suite `output.store` or
 `--store` override it).
+
+Every stored JSON column is versioned. A record's JSON carries its own `version` (the wire's); a run row's
+`formats_json` gives the format of each of its JSON columns (COLUMN_FORMATS), and a row of an earlier
+format is upgraded as it is read (a plan of format 1: measure/plan_record.upgrade_plan), one of a later
+format refused in one line. A store of schema 2 (before the formats column) is upgraded in place when it
+is opened: its rows read as format 1.
 """
 from __future__ import annotations
 
@@ -17,10 +23,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .environment import HostEnvironment
 from .errors import StoreError
+from .measure.plan_record import FORMAT as PLAN_FORMAT
+from .measure.plan_record import PlanRecord, upgrade_plan
 
 DEFAULT_STORE = "variantlab.sqlite"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+UPGRADABLE_SCHEMAS = (2,)      # opened, a store of these schemas is upgraded to SCHEMA_VERSION
+
+# the format each JSON column of a run row is written in today; a row without formats_json is format 1
+COLUMN_FORMATS = {"suite_json": 1, "plan_json": PLAN_FORMAT, "environment_json": 1, "comparison_json": 1}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,7 +48,8 @@ CREATE TABLE IF NOT EXISTS runs (
     output_dir TEXT,
     status TEXT NOT NULL,           -- running | done | interrupted
     comparison_json TEXT,
-    finished TEXT
+    finished TEXT,
+    formats_json TEXT               -- column → its format (COLUMN_FORMATS); NULL: all format 1 (schema 2)
 );
 CREATE TABLE IF NOT EXISTS records (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -68,10 +82,10 @@ class RunRow:
     status: str
     output_dir: str | None
     variants: tuple[tuple[str, str], ...]   # (name, status of its measurements: ok if any round was)
-    suite: dict
-    plan: dict
-    environment: dict
-    comparison: dict | None
+    suite: dict                     # the suite as given (measure/stored_suite parses it)
+    plan: PlanRecord
+    environment: HostEnvironment
+    comparison: dict | None         # the Comparison's JSON (measure/runs.stored_comparison reads it)
 
 
 class Store:
@@ -100,12 +114,25 @@ class Store:
                 # one transaction: another process never sees some tables and no schema version
                 self._db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} INSERT OR IGNORE INTO meta VALUES "
                                        f"('schema_version', '{SCHEMA_VERSION}'); COMMIT;")
+                self._upgrade()
                 return
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) or attempt == attempts - 1:
                     raise
                 self._db.rollback()
                 time.sleep(0.05)
+
+    def _upgrade(self) -> None:
+        """Bring a store of an upgradable schema to SCHEMA_VERSION, in one transaction that re-reads the version
+        (two processes opening one old store: the second finds it upgraded). 2 → 3: the formats column."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            version = int(self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+            if version == SCHEMA_VERSION:
+                return
+            if "formats_json" not in {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}:
+                self._db.execute("ALTER TABLE runs ADD COLUMN formats_json TEXT")
+            self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     def _not_ours(self) -> str | None:
         """Why this SQLite file is not a store this variantlab may write (None: it is ours, or new and empty).
@@ -118,7 +145,7 @@ class Store:
                     f"{', '.join(sorted(tables)[:5])})")
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         version = int(row[0]) if row and str(row[0]).isdigit() else None
-        if version == SCHEMA_VERSION:
+        if version == SCHEMA_VERSION or version in UPGRADABLE_SCHEMAS:
             return None
         if version is not None and version > SCHEMA_VERSION:
             return (f"this results store was written by a newer variantlab (schema {version}; this one reads "
@@ -141,9 +168,9 @@ class Store:
         with self._writing():
             self._db.execute(
                 "INSERT INTO runs (run_id, created, suite_name, suite_path, suite_json, plan_json, environment_json,"
-                " output_dir, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " output_dir, status, formats_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, _now(), suite.get("name", "suite"), suite_path, json.dumps(suite), json.dumps(plan),
-                 json.dumps(environment), output_dir, RUNNING))
+                 json.dumps(environment), output_dir, RUNNING, json.dumps(COLUMN_FORMATS)))
 
     @contextlib.contextmanager
     def _writing(self):
@@ -204,7 +231,7 @@ class Store:
     def run(self, run_id: str) -> RunRow:
         row = self._db.execute(
             "SELECT run_id, created, suite_name, suite_path, status, output_dir, suite_json, plan_json,"
-            " environment_json, comparison_json FROM runs WHERE substr(run_id, 1, length(?)) = ? ORDER BY created DESC",
+            " environment_json, comparison_json, formats_json FROM runs WHERE substr(run_id, 1, length(?)) = ? ORDER BY created DESC",
             (run_id, run_id)).fetchall()
         exact = [r for r in row if r[0] == run_id]
         row = exact or row
@@ -213,11 +240,29 @@ class Store:
             why = f"no run matches '{run_id}'" if not row else f"{len(row)} runs match '{run_id}'"
             raise StoreError(why, file=str(self.path), field="RUN",
                              accepted=", ".join(known) or "none stored yet; run `variantlab bench` first")
-        rid, created, name, spath, status, odir, sj, pj, ej, cj = row[0]
+        rid, created, name, spath, status, odir, sj, pj, ej, cj, fj = row[0]
+        formats = self._formats(rid, fj)
         # a variant's status: ok when some round measured it, else its build's or its rounds' failure
         variants = tuple(self._db.execute(
             "SELECT variant, CASE WHEN SUM(kind='measure' AND status='ok') > 0 THEN 'ok'"
             " WHEN SUM(status != 'ok') > 0 THEN MIN(CASE WHEN status != 'ok' THEN status END) ELSE 'pending' END"
             " FROM records WHERE run_id=? GROUP BY variant ORDER BY MIN(id)", (rid,)).fetchall())
-        return RunRow(rid, created, name, spath, status, odir, variants, json.loads(sj), json.loads(pj),
-                      json.loads(ej), json.loads(cj) if cj else None)
+        try:
+            plan = PlanRecord.model_validate(upgrade_plan(json.loads(pj), formats["plan_json"]))
+            environment = HostEnvironment.model_validate(json.loads(ej))
+        except ValueError as e:   # pydantic's ValidationError: a column another version wrote differently
+            raise StoreError(f"run {rid} holds a plan or environment this variantlab cannot read "
+                             f"({str(e).splitlines()[0]})", file=str(self.path),
+                             accepted="a run written by this version") from None
+        return RunRow(rid, created, name, spath, status, odir, variants, json.loads(sj), plan, environment,
+                      json.loads(cj) if cj else None)
+
+    def _formats(self, run_id: str, stored: str | None) -> dict[str, int]:
+        """Each JSON column's format in this row; a StoreError for one written by a newer variantlab."""
+        formats = {c: 1 for c in COLUMN_FORMATS} | (json.loads(stored) if stored else {})
+        newer = [f"{c} (format {v}; this one reads {COLUMN_FORMATS[c]})" for c, v in formats.items()
+                 if c in COLUMN_FORMATS and v > COLUMN_FORMATS[c]]
+        if newer:
+            raise StoreError(f"run {run_id} was written by a newer variantlab: {', '.join(newer)}",
+                             file=str(self.path), accepted="upgrade variantlab to read it")
+        return formats

@@ -47,3 +47,27 @@ def test_a_definition_stored_with_an_endpoint_reads_as_backend_openai():
     assert (d.backend, d.backend_config["base_url"]) == ("openai", "http://h:1/v1")
     assert VariantDefinition.from_json(old | {"endpoint": None}).backend == "torch"
     assert VariantDefinition.from_json(d.to_json()) == d
+
+
+def test_a_backend_with_a_plan_hook_plans_its_own_variants_and_its_refusal_is_one_problem(tmp_path, monkeypatch):
+    """The `plan` hook (llama.cpp's GGUF path will be one): what it returns is the planned definition, what it
+    raises is bad input listed with the suite's other problems."""
+    from variantlab.measure.backend_kinds import base
+    from variantlab.measure.plan import plan_suite_file
+
+    def plan(spec, base_dir, file, field):
+        if spec.name == "bad":
+            raise VariantlabError("no such file", file=file, field=f"{field}.name", accepted="a file there")
+        return VariantDefinition(spec.name, backend="planned", backend_config={"from": str(base_dir)})
+
+    kind = BackendKind("planned", "plans itself", lambda job, t0: None, builds=False, local_model=False, plan=plan)
+    monkeypatch.setitem(base._KINDS, "planned", kind)
+    suite = tmp_path / "suite.yaml"
+    body = ("name: t\nmodel: builtin:tiny-structured\nworkload: {dataset: {generator: structured, n: 2}, "
+            "max_new_tokens: 2, scenarios: [{type: single-stream, requests: 1}]}\n")
+    suite.write_text(body + "variants: [{name: base}, {name: mine, backend: planned}]\n")
+    planned = plan_suite_file(suite).variants[1].definition
+    assert (planned.backend, planned.backend_config) == ("planned", {"from": str(tmp_path)})
+    suite.write_text(body + "variants: [{name: base}, {name: bad, backend: planned}]\n")
+    with pytest.raises(VariantlabError, match=r"variants\[1\]\.name: no such file"):
+        plan_suite_file(suite)

@@ -1,6 +1,6 @@
 """Peak memory on CUDA is the device's (marked `cuda`: skipped with the reason where torch sees no CUDA device).
 
-The memory tracker reads torch's peak allocation on a GPU (DESIGN.md: "peak allocated device memory"),
+The memory tracker reads torch's peak allocation on a GPU (docs/metrics.md: "peak allocated device memory"),
 not the process's resident set. Checked around a known allocation: 1 GiB allocated and freed on the
 device moves the tracker's peak by that GiB and its current reading back, while the host's resident
 set hardly moves; the total is the device's memory. Then a whole measuring worker on CUDA: its

@@ -9,6 +9,7 @@ then the cases that were refused on resume one by one, through a real store and 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,9 @@ def test_a_run_stored_when_a_definition_named_its_endpoint_still_resumes(tmp_pat
         v["endpoint"] = config if v.pop("backend") == "openai" else None
     with Store(tmp_path / "store.sqlite") as store:
         store.create_run("run-1", plan.suite.model_dump(mode="json"), str(path.resolve()), old, {}, str(tmp_path))
+    with sqlite3.connect(tmp_path / "store.sqlite") as db:   # as that version stored it: no formats (format 1)
+        db.execute("UPDATE runs SET formats_json = NULL")
+    with Store(tmp_path / "store.sqlite") as store:
         row = store.run("run-1")
     assert replan(row, tmp_path / "store.sqlite").to_json() == plan.to_json()
 

@@ -130,7 +130,7 @@ def test_stability_within_a_learned_position_table_measures_gpt2(family_dirs):
 def test_profile_times_both_phases_and_names_its_operators(tiny_lm):
     from variantlab.explain.categories import CATEGORIES
     from variantlab.measure.trackers.profile import Profile, ProfileOutput, WorkloadSpec
-    from variantlab.variants.recipe import VariantFacts
+    from variantlab.variants.facts import VariantFacts
     model, tok = tiny_lm
     h = host(model, tok)
     h.built.facts = VariantFacts("fp32", "fp32", 1, 4, 32.0)

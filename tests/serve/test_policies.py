@@ -4,7 +4,7 @@ from __future__ import annotations
 from variantlab.serve.policies import (MARGIN, PATIENCE, AdaptivePolicy, LaneView, LoadView, SinglePolicy, StaticPolicy,
                                        StepCost)
 
-# DESIGN.md's shape: weight-only int4 is faster at one row and far slower at a few dozen
+# the shape our engine measures on the CPU: weight-only int4 is faster at one row and far slower at a few dozen
 INT4 = StepCost("int4", {1: 0.0015, 4: 0.004, 16: 0.012, 32: 0.024})
 BF16 = StepCost("bf16", {1: 0.0030, 4: 0.0032, 16: 0.004, 32: 0.006})
 

@@ -79,14 +79,14 @@ def test_facts_state_cache_bytes(llama, spec, per_token, window, state):
     assert (facts["kv_cache_bytes_per_token"], facts["window"], facts["state_bytes_per_sequence"]) == \
         (per_token, window, state)
     assert facts["kv_heads"] == (2 if spec == "gqa:2" else KV) and facts["heads"] == HEADS
-    assert facts["kernels"] and isinstance(facts["notes"], list)
+    assert facts["kernels"] and isinstance(facts["notes"], tuple)
     for n, b in facts["kv_cache_bytes_per_sequence"].items():
         assert b == kv_cache_bytes_per_sequence(facts, int(n))
     long = kv_cache_bytes_per_sequence(facts, 8192)
     assert long == (per_token * min(8192, window or 8192) + state)
     assert kv_cache_bytes_per_sequence(facts, 8192, batch=3) == 3 * long
     import json
-    json.dumps(facts)  # goes into the worker's JSON result as it is
+    json.dumps(facts.to_json())  # goes into the worker's JSON result as it is
 
 
 def test_linear_state_in_model_dtype_is_reported():

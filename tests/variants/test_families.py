@@ -276,7 +276,7 @@ def test_an_attention_conversion_then_a_recipe_builds_runs_and_round_trips(famil
             else "gqa:2" if kind == "sdpa" and family == "gemma2" else kind)   # gemma2 has no sdpa
     built = build(family_dirs[family], VariantDefinition(f"{kind}-{recipe}", recipe, {}, spec), "cpu")
     assert _unswapped(built.model) == ["lm_head"]
-    assert built.facts.extra["attention"]["attention"] == spec
+    assert built.facts.attention.attention == spec
     assert len(greedy(built.model, _ids(built.model.config.vocab_size))) == NEW_TOKENS
     _round_trip(built, family_dirs[family], tmp_path / "artifact")
 

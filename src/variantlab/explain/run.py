@@ -278,7 +278,7 @@ def explain_run(store_path: str | Path, run_id: str, a: str, b: str, *, rounds: 
         row = store.run(run_id)
         comparison, _ = stored_comparison(store, row.run_id)
         builds = {r.variant: r for r in store.records(row.run_id, "build")}
-    names = [v["name"] for v in row.plan["variants"]]
+    names = [v["name"] for v in row.plan.variants]
     for field_name, name in (("A", a), ("B", b)):
         if name not in names:
             raise VariantlabError(f"run {row.run_id} has no variant '{name}'", field=field_name,
@@ -295,13 +295,13 @@ def explain_run(store_path: str | Path, run_id: str, a: str, b: str, *, rounds: 
         if not Path(build.artifact_dir, META_FILE).is_file():
             raise VariantlabError(f"the artifact of '{name}' is gone", file=build.artifact_dir,
                                   accepted="a run whose folder is still there (run `variantlab bench` again)")
-        definition = next(v for v in row.plan["variants"] if v["name"] == name)
+        definition = row.plan.variant(name)
         targets.append(Target(name, {k: v for k, v in definition.items() if k != "source"}, build.artifact_dir))
     suite = stored_suite(row, row.suite_path or "<stored suite>")
     base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
     samples = dataset_samples(suite.workload.dataset, base_dir)
     out_dir = Path(row.output_dir or ".") / "explain" / f"{a}-vs-{b}"
-    threads = row.environment.get("threads_per_worker") or suite.threads or available_cores()
+    threads = row.environment.threads_per_worker or suite.threads or available_cores()
     explanation = explain_pair(tuple(targets), suite, samples, threads=threads, rounds=rounds, folder=out_dir,
                                run_id=row.run_id, comparison=comparison, executor=executor, on_job=on_job)
     return explanation, out_dir

@@ -378,12 +378,12 @@ def _builds(builds, data) -> dict[str, BuildSummary]:
     out = {}
     for b in builds:
         v = data.get(b.variant)
-        facts = b.facts or {}
+        facts = b.facts
         out[b.variant] = BuildSummary(
-            recipe=facts.get("recipe"), dtype=facts.get("dtype"),
-            attention=((facts.get("extra") or {}).get("attention") or {}).get("attention"),
-            kernels=tuple((v.kernels if v and v.kernels else None) or facts.get("kernels", ())),
-            notes=tuple((v.notes if v and v.notes else None) or facts.get("notes", ())),
+            recipe=facts and facts.recipe, dtype=facts and facts.dtype,
+            attention=facts.attention.attention if facts and facts.attention else None,
+            kernels=(v.kernels if v and v.kernels else None) or (facts.kernels if facts else ()),
+            notes=(v.notes if v and v.notes else None) or (facts.notes if facts else ()),
             build_s=b.timings.get("build_s"), reused=b.reused, not_reused=tuple(b.not_reused),
             artifact=artifact_line(b), device=v.device if v else None)
     return out

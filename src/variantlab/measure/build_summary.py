@@ -6,13 +6,10 @@ where the record holds tuples. A stored comparison of an earlier version reads b
 their defaults, fields it has that this version does not know are ignored."""
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict
+from ..payloads import Payload
 
 
-class BuildSummary(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+class BuildSummary(Payload):
 
     recipe: str | None = None          # the recipe it was built with ("endpoint" for one built nowhere)
     dtype: str | None = None
@@ -24,14 +21,3 @@ class BuildSummary(BaseModel):
     not_reused: tuple[str, ...] = ()   # artifacts looked at and why they did not match
     artifact: str | None = None        # where its artifact came from, in words (artifact_line)
     device: str | None = None
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in type(self).model_fields:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in type(self).model_fields else default
-
-    def to_json(self) -> dict:
-        return self.model_dump(mode="json")

@@ -256,10 +256,13 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
     to say before measuring to `warnings`."""
     v, field = suite.variants[i], f"variants[{i}]"
     found = len(problems)
-    kind = backend_kind(v.backend)
-    if not kind.builds:   # measured as it serves (an endpoint): nothing to build or check here
-        return PlannedVariant(VariantDefinition(v.name, backend=kind.name, backend_config=kind.config(v)),
-                              base.path if base else Path("."))
+    try:   # a backend that plans its own variants (an endpoint: nothing to build or check here)
+        own = backend_kind(v.backend).plan_variant(v, base_dir, suite_path, field)
+    except VariantlabError as e:
+        problems.append(e)
+        return None
+    if own is not None:
+        return PlannedVariant(own, base.path if base else Path("."))
     recipe = options = None
     try:
         recipe, options = resolve_variant_recipe(v, file=suite_path, field=field)

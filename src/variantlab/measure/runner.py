@@ -27,16 +27,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..environment import host_fingerprint
+from ..environment import HostEnvironment, host_fingerprint
 from ..errors import StoreError, VariantlabError
 from ..store import DEFAULT_STORE, DONE, INTERRUPTED, Store
 from ..variants.artifact import META_FILE, artifact_problem, read_variant_json
-from ..variants.build import calibration_digest, upgraded
+from ..variants.build import calibration_digest
 from .analysis import Comparison, analyse
 from .backend_kinds import backend_kind
 from .executor import Executor, LocalProcessExecutor, Task
 from .limits import Limits
 from .plan import Plan, PlannedVariant, available_cores
+from .plan_record import PlanRecord
 from .run_lock import run_lock
 from .runs import RESULTS_SCHEMA
 from .wire import BuildJob, BuildRecord, MeasureJob, TrackerJob
@@ -69,7 +70,7 @@ class BenchResult:
     suite_name: str
     output_dir: Path
     store_path: Path
-    environment: dict
+    environment: HostEnvironment
     comparison: Comparison
     wall_s: float = 0.0
     explanations: tuple = ()          # explain.run.Explanation, with `explain: true`
@@ -77,9 +78,12 @@ class BenchResult:
     resolved: dict = field(default_factory=dict)   # variant → what `recipe: auto` chose and why (its summary)
     recommendation: object = None     # advise.recommend.Recommendation, when the suite has requirements
 
+    def __post_init__(self) -> None:  # given as the JSON it is stored as: the typed payload
+        object.__setattr__(self, "environment", HostEnvironment.model_validate(self.environment))
+
     def to_json(self) -> dict:
         out = {"schema": RESULTS_SCHEMA, "run_id": self.run_id, "suite": self.suite_name,
-               "output_dir": str(self.output_dir), "environment": self.environment,
+               "output_dir": str(self.output_dir), "environment": self.environment.to_json(),
                "comparison": self.comparison.to_json()}
         if self.resolved:
             out["resolved"] = dict(self.resolved)
@@ -177,7 +181,7 @@ def measure_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir
     check_artifacts_dir(artifacts_dir)
     run_id = new_run_id()
     threads = suite.threads or available_cores()
-    env = host_fingerprint() | {"threads_per_worker": threads, "rounds": plan.rounds}
+    env = HostEnvironment.model_validate(host_fingerprint() | {"threads_per_worker": threads, "rounds": plan.rounds})
     store_file = Path(store_path or suite.output.store or DEFAULT_STORE)
     # the store is checked before the run folder is made: a refused store leaves no empty folder behind
     with Store(store_file) as store, run_lock(store_file, run_id):
@@ -186,7 +190,7 @@ def measure_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir
         # the suite and the run folder stored as absolute paths: a resume started from another folder reads the
         # suite's relative model and dataset paths from the suite's own folder and writes into this same folder
         store.create_run(run_id, suite.model_dump(mode="json"), str(Path(plan.suite_path).resolve()),
-                         plan.to_json(), env, str(out.resolve()))
+                         plan.to_json(), env.to_json(), str(out.resolve()))
         run = _Run(plan, run_id, out, store, store_file, executor or LocalProcessExecutor(), events or Events(),
                    threads, env, machine_warnings(threads), artifacts_dir, after)
         return run.carry_out(t0)
@@ -213,7 +217,7 @@ def measure_resumed(run_id: str, *, store_path: str | Path | None = None, execut
                                                "interrupted (`variantlab runs` lists them)")
             plan = replan(row, store_file)
             out = make_folder(Path(row.output_dir), "the run folder", "output.dir", "a writable folder")
-            threads = int(row.environment.get("threads_per_worker") or available_cores())
+            threads = row.environment.threads_per_worker or available_cores()
             store.reopen_run(row.run_id)
             run = _Run(plan, row.run_id, out, store, store_file, executor or LocalProcessExecutor(),
                        events or Events(), threads, row.environment, machine_warnings(threads), None, after)
@@ -227,10 +231,11 @@ def replan(row, store_file: Path) -> Plan:
     from .stored_suite import stored_suite
     suite_path = row.suite_path or "<stored suite>"
     base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
+    stored = PlanRecord.model_validate(row.plan)     # in today's shape (the store upgrades an older one)
     plan = make_plan(stored_suite(row, suite_path), suite_path, base_dir,
-                     bool(row.plan.get("skip_bad_lines"))).with_rounds(int(row.plan["rounds"]))
+                     stored.skip_bad_lines).with_rounds(stored.rounds)
     now = json.loads(json.dumps(plan.to_json()))     # as the store holds it: an auto recipe's tuples are lists
-    stored = {**row.plan, "variants": [upgraded(v) for v in row.plan.get("variants") or ()]}  # an older shape
+    stored = stored.to_json()
     changed = [k for k in sorted(set(now) | set(stored)) if now.get(k) != stored.get(k)]
     if changed:
         raise VariantlabError(f"run {row.run_id} cannot be resumed: its plan made again today differs in "
@@ -354,7 +359,7 @@ class _Run:
 
     def _measure_job(self, name: str, r: int, build: BuildRecord, run_once: bool) -> MeasureJob:
         plan, suite = self.plan, self.plan.suite
-        return MeasureJob(variant=plan.variant(name).definition.to_json(), artifact_dir=build.artifact_dir, round=r,
+        return MeasureJob(variant=plan.variant(name).definition, artifact_dir=build.artifact_dir, round=r,
                           device=suite.device, threads=self.threads, seed=suite.seed, samples=plan.samples,
                           trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in plan.trackers),
                           run_once=run_once, trust_remote_code=suite.trust_remote_code)
@@ -426,7 +431,7 @@ def build_task(plan: Plan, v: PlannedVariant, artifact_dir: Path, workdir: Path,
                events: Events) -> Task:
     """The job that builds v into artifact_dir (its worker's files in workdir), labelled for the display."""
     label = f"{v.name} · build"
-    job = BuildJob(variant=v.definition.to_json(), source=str(v.source), artifact_dir=str(artifact_dir.resolve()),
+    job = BuildJob(variant=v.definition, source=str(v.source), artifact_dir=str(artifact_dir.resolve()),
                    device=plan.suite.device, threads=threads, seed=plan.suite.seed,
                    calibration_texts=plan.calibration_texts, trust_remote_code=plan.suite.trust_remote_code)
     return Task(label, job, workdir, lambda stage, f: events.on_progress(label, stage, f))

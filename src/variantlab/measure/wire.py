@@ -21,6 +21,10 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..environment import WorkerEnvironment
+from ..variants.build import VariantDefinition
+from ..variants.facts import VariantFacts
+
 WIRE_VERSION = 2
 MAGIC = b"VARIANTLAB-RESULT\n"
 Status = Literal["ok", "failed", "unsupported"]
@@ -42,7 +46,7 @@ class TrackerJob(_Wire):
 class BuildJob(_Wire):
     version: Literal[WIRE_VERSION] = WIRE_VERSION
     kind: Literal["build"] = "build"
-    variant: dict[str, Any]                 # variants.build.VariantDefinition.to_json()
+    variant: VariantDefinition
     source: str                             # the checkpoint directory
     artifact_dir: str
     device: str
@@ -55,7 +59,7 @@ class BuildJob(_Wire):
 class MeasureJob(_Wire):
     version: Literal[WIRE_VERSION] = WIRE_VERSION
     kind: Literal["measure"] = "measure"
-    variant: dict[str, Any]
+    variant: VariantDefinition
     artifact_dir: str
     round: int
     device: str
@@ -86,10 +90,10 @@ class BuildRecord(_Wire):
     artifact_dir: str | None = None
     reused: bool = False
     not_reused: tuple[str, ...] = ()        # artifacts looked at and why they did not match
-    facts: dict[str, Any] | None = None
+    facts: VariantFacts | None = None
     bytes_on_disk: int | None = None
     timings: dict[str, float] = Field(default_factory=dict)   # load_s, apply_s, save_s, build_s
-    environment: dict[str, Any] = Field(default_factory=dict)
+    environment: WorkerEnvironment = Field(default_factory=WorkerEnvironment)
 
 
 class MeasurementRecord(_Wire):
@@ -105,7 +109,7 @@ class MeasurementRecord(_Wire):
     notes: tuple[str, ...] = ()
     outputs: tuple[TrackerResult, ...] = ()
     blobs: dict[str, int] = Field(default_factory=dict)     # sha256 → bytes, in wire order
-    environment: dict[str, Any] = Field(default_factory=dict)
+    environment: WorkerEnvironment = Field(default_factory=WorkerEnvironment)
 
     def output(self, name: str) -> TrackerResult | None:
         return next((o for o in self.outputs if o.name == name), None)
@@ -116,7 +120,7 @@ Record = Union[BuildRecord, MeasurementRecord]
 
 def failed(job: Job, status: Status, reason: str) -> Record:
     """The record of a job that produced none of its own (crash, timeout, corrupt result)."""
-    name = job.variant["name"]
+    name = job.variant.name
     if isinstance(job, BuildJob):
         return BuildRecord(variant=name, status=status, reason=reason)
     return MeasurementRecord(variant=name, round=job.round, status=status, reason=reason)
@@ -177,7 +181,7 @@ def decode_result(data: bytes, trackers: dict[str, Any] | None = None) -> tuple[
 
 def check_answers(record: Record, job: Job) -> None:
     """CorruptResult unless `record` is the answer to `job` (its kind, variant and round)."""
-    want = ("build" if isinstance(job, BuildJob) else "measure", job.variant["name"], getattr(job, "round", 0))
+    want = ("build" if isinstance(job, BuildJob) else "measure", job.variant.name, getattr(job, "round", 0))
     got = (record.kind, record.variant, getattr(record, "round", 0))
     if got != want:
         raise CorruptResult(f"the result is for {got[0]} {got[1]!r} round {got[2]}, the job was {want[0]} "

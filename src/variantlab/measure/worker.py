@@ -66,10 +66,10 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
     """The job's variant brought up by its backend kind (measure/backend_kinds/), its trackers run on it, one
     record out; a variant that fails is a record with its reason, and the sweep goes on."""
     t_start = process_start_time()
-    name = job.variant["name"]
+    name = job.variant.name
     opened = None
     try:
-        kind = backend_kind(job.variant.get("backend", "torch"))
+        kind = backend_kind(job.variant.backend)
         opened = kind.open(job, t_start)
         host = Host(opened.backend, opened.built, job.samples, opened.device, opened.cold, opened.baseline_bytes)
         with opened.context():
@@ -141,9 +141,9 @@ def every_scenario_failed(results, scenarios: list[str]) -> str | None:
 
 def run_build(job: BuildJob) -> tuple[BuildRecord, dict[str, bytes]]:
     """The job's variant built by its backend kind's build hook; a failure is a record with its reason."""
-    name = job.variant["name"]
+    name = job.variant.name
     try:
-        return backend_kind(job.variant.get("backend", "torch")).build(job)
+        return backend_kind(job.variant.backend).build(job)
     except Exception as e:  # noqa: BLE001
         if status_of(e) == "failed":
             traceback.print_exc()

@@ -22,9 +22,9 @@ def report_markdown(result) -> str:
     parts = [
         f"# variantlab bench: {result.suite_name}",
         "",
-        f"Run `{result.run_id}` on {env.get('cpu_model')} ({env.get('cpu_count')} cores, "
-        f"{env.get('threads_per_worker')} threads per worker), {env.get('rounds')} rounds, "
-        f"torch {env.get('packages', {}).get('torch')}, transformers {env.get('packages', {}).get('transformers')}.",
+        f"Run `{result.run_id}` on {env.cpu_model} ({env.cpu_count} cores, "
+        f"{env.threads_per_worker} threads per worker), {env.rounds} rounds, "
+        f"torch {env.packages.get('torch')}, transformers {env.packages.get('transformers')}.",
         "",
         comparison_markdown(c),
         "",

@@ -47,21 +47,20 @@ def attention_kinds(comparison, plan: dict) -> dict[str, str]:
 
 
 def about_lines(row, comparison) -> tuple[str, ...]:
-    env = row.environment or {}
-    packages = env.get("packages") or {}
+    env = row.environment
     lines = [f"run {row.run_id} ({row.status}), created {row.created}, suite {row.suite_name}; "
              f"baseline {comparison.baseline}"]
-    if env.get("cpu_model"):
-        lines.append(f"{env.get('cpu_model')} ({env.get('cpu_count')} cores, {env.get('threads_per_worker')} threads "
-                     f"per worker), {env.get('rounds')} round(s), torch {packages.get('torch')}, "
-                     f"transformers {packages.get('transformers')}")
+    if env.cpu_model:
+        lines.append(f"{env.cpu_model} ({env.cpu_count} cores, {env.threads_per_worker} threads "
+                     f"per worker), {env.rounds} round(s), torch {env.packages.get('torch')}, "
+                     f"transformers {env.packages.get('transformers')}")
     return tuple(lines)
 
 
 def run_page(store, run_id: str) -> RunPage:
     comparison, row = stored_comparison(store, run_id)
     return RunPage(comparison, f"variantlab report: {row.suite_name}", row.run_id, about_lines(row, comparison),
-                   scenario_specs(row.plan, row.suite), row.plan.get("samples"), attention_kinds(comparison, row.plan),
+                   scenario_specs(row.plan, row.suite), row.plan.samples, attention_kinds(comparison, row.plan),
                    tuple(explanations_in(row.output_dir)))
 
 
@@ -70,8 +69,8 @@ def stored_results(store, run_id: str) -> dict:
     far; its status says which); explanations from the run's folder."""
     comparison, row = stored_comparison(store, run_id)
     out = {"schema": RESULTS_SCHEMA, "run_id": row.run_id, "suite": row.suite_name, "output_dir": row.output_dir,
-           "status": row.status, "environment": row.environment, "comparison": comparison.to_json()}
-    resolved = {v["name"]: v["resolved"]["summary"] for v in row.plan.get("variants") or ()
+           "status": row.status, "environment": row.environment.to_json(), "comparison": comparison.to_json()}
+    resolved = {v["name"]: v["resolved"]["summary"] for v in row.plan.variants
                 if isinstance(v.get("resolved"), dict) and "summary" in v["resolved"]}
     if resolved:
         out["resolved"] = resolved

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from ..errors import ModelLoadError, RecipeError
 from .artifact_content import content_problem, sealed, shape_problem
+from .facts import VariantFacts
 
 FORMAT = "variantlab-artifact"
 FORMAT_VERSION = 2
@@ -143,7 +144,7 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "recipe": recipe_name, "options": normalized_options(recipe, options),
-            "facts": facts.to_json() if hasattr(facts, "to_json") else dict(facts),
+            "facts": VariantFacts.model_validate(facts).to_json(),
             "source": {"model_path": str(source), "fingerprint": source_fingerprint(source)},
             "torch_version": torch.__version__, "transformers_version": transformers.__version__,
             "device_type": device_type,
@@ -378,7 +379,6 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None, trus
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from .decode_kernels import with_decode_kernels
-    from .recipe import VariantFacts
 
     path = Path(path)
     meta = read_variant_json(path)
@@ -425,13 +425,10 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None, trus
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     disk = (path / WEIGHTS_FILE).stat().st_size
-    f = meta["facts"]
-    facts = VariantFacts(recipe=f["recipe"], dtype=f["dtype"], parameters=f["parameters"], weight_bytes=disk,
-                         bits_per_weight=8 * disk / max(f["parameters"], 1), kernels=tuple(f.get("kernels", ())),
-                         notes=tuple(f.get("notes", ())),
-                         extra=dict(f.get("extra", {})) | {"artifact_bytes_on_disk": disk,
-                                                           "state_bytes": f["weight_bytes"],
-                                                           "artifact_path": str(path.resolve())})
+    built = VariantFacts.model_validate(meta["facts"])
+    facts = built.replace(weight_bytes=disk, bits_per_weight=8 * disk / max(built.parameters, 1),
+                          extra=built.extra | {"artifact_bytes_on_disk": disk, "state_bytes": built.weight_bytes,
+                                               "artifact_path": str(path.resolve())})
     return model, tok, with_decode_kernels(model, facts)
 
 

@@ -47,6 +47,7 @@ from ..errors import RecipeError
 from ..spec_model import SpecModel
 from .attention_kinds import TRANSFORMERS_SDPA, accepted, attention_kind, attention_kinds
 from .attention_kinds import dtype_name as _dtype_name
+from .facts import AttentionFacts
 
 ACCEPTED = accepted()   # the built-in kinds as written; errors call accepted(), which holds any registered since
 
@@ -162,8 +163,8 @@ def parse_attention_options(options, *, file: str | None = None, field: str | No
 
 # ---------------------------------------------------------------------------------------------- apply
 
-def apply_attention(model, spec, options=None) -> dict:
-    """Convert `model` in place to the attention `spec`; return facts about the result (JSON-ready)."""
+def apply_attention(model, spec, options=None) -> AttentionFacts:
+    """Convert `model` in place to the attention `spec`; return facts about the result."""
     spec, options = parse_attention(spec), parse_attention_options(options)
     family = FAMILIES.get(type(model).__name__)
     check_attention_for(model.config.to_dict(), spec, architecture=type(model).__name__, field="attention")
@@ -298,7 +299,7 @@ def _native_window_notes(model, spec: AttentionSpec) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- facts
 
-def _facts(model, spec: AttentionSpec, options: AttentionOptions, notes: list[str]) -> dict:
+def _facts(model, spec: AttentionSpec, options: AttentionOptions, notes: list[str]) -> AttentionFacts:
     cfg = model.config
     layers, heads = cfg.num_hidden_layers, cfg.num_attention_heads
     kv_heads = _kv_heads(cfg)
@@ -318,20 +319,19 @@ def _facts(model, spec: AttentionSpec, options: AttentionOptions, notes: list[st
              "kernels": kind.kernels(cfg, options), "notes": notes}
     # a window bounds the cache; a kind with no per-token cache holds its state alone; else it grows
     facts["kv_cache_bytes_max"] = per_token * window + state if window else state if per_token == 0 else None
-    facts["kv_cache_bytes_per_sequence"] = {str(n): kv_cache_bytes_per_sequence(facts, n) for n in REPORT_LENGTHS}
-    return facts
+    facts = AttentionFacts.model_validate(facts)
+    return facts.replace(kv_cache_bytes_per_sequence={str(n): facts.cache_bytes(n) for n in REPORT_LENGTHS})
 
 
-def attention_facts(model) -> dict:
-    """Facts of the model's own attention, unconverted (the same keys as apply_attention's)."""
-    return _facts(model, parse_attention("sdpa"), parse_attention_options(None), []) | {
-        "attention": "model's own", "implementation": model.config._attn_implementation}
+def attention_facts(model) -> AttentionFacts:
+    """Facts of the model's own attention, unconverted (the same fields as apply_attention's)."""
+    return _facts(model, parse_attention("sdpa"), parse_attention_options(None), []).replace(
+        attention="model's own", implementation=model.config._attn_implementation)
 
 
-def kv_cache_bytes_per_sequence(facts: dict, seq_len: int, batch: int = 1) -> int:
+def kv_cache_bytes_per_sequence(facts: AttentionFacts, seq_len: int, batch: int = 1) -> int:
     """Bytes of KV cache (or linear state) one sequence of `seq_len` tokens holds, from `apply_attention`'s facts."""
-    tokens = seq_len if facts.get("window") is None else min(seq_len, facts["window"])
-    return batch * (facts["kv_cache_bytes_per_token"] * tokens + facts["state_bytes_per_sequence"])
+    return facts.cache_bytes(seq_len, batch)
 
 
 # what a kind's apply may call here (variants/attention_kinds.py): transformers' sdpa switch and gqa's pooling

@@ -13,33 +13,39 @@ suite never loads it).
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from pydantic import Field, model_validator
 
-@dataclass(frozen=True)
-class VariantDefinition:
-    """What a variant is, as the suite resolved it (recipe options validated, attention canonical)."""
+from ..payloads import Payload
+
+
+class VariantDefinition(Payload):
+    """What a variant is, as the suite resolved it (recipe options validated, attention canonical): a typed
+    payload, which the plan stores and every build and measure job carries. Built as
+    `VariantDefinition("int4", "int4", {"group_size": 32})` (fields by position, in order) or by name."""
 
     name: str
     recipe: str = "fp32"
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)
     attention: str | None = None            # "gqa:2", "linear", …; None: the checkpoint's own
-    attention_options: dict = field(default_factory=dict)
+    attention_options: dict[str, Any] = Field(default_factory=dict)
     compile: bool = False                   # a runtime setting: the measuring host compiles after loading
     backend: str = "torch"                  # the runtime it runs on (measure/backend_kinds/)
-    backend_config: dict = field(default_factory=dict)   # what that backend takes of the suite entry (openai: its
-                                                         # base_url, model, api_key_env)
+    backend_config: dict[str, Any] = Field(default_factory=dict)   # what that backend takes of the suite entry
+                                                                   # (openai: its base_url, model, api_key_env)
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+    @model_validator(mode="before")
+    @classmethod
+    def _upgraded(cls, data: Any) -> Any:
+        return upgraded(data) if isinstance(data, dict) else data
 
     @classmethod
     def from_json(cls, d: dict) -> "VariantDefinition":
-        return cls(**upgraded(d))
+        return cls.model_validate(d)
 
     @property
     def attention_json(self) -> dict | None:
@@ -67,7 +73,7 @@ class BuiltVariant:
 
     model: Any
     tokenizer: Any
-    facts: Any            # variants.recipe.VariantFacts
+    facts: Any            # variants.facts.VariantFacts
     definition: VariantDefinition | None = None
     timings: dict = field(default_factory=dict)   # load_s, apply_s (build) as measured here
 
@@ -117,14 +123,11 @@ def build(source: str | Path, variant: VariantDefinition, device: str = "cpu", *
     _sync(device)
     t2 = time.perf_counter()
     if getattr(recipe, "uses_calibration", False):   # an artifact built on other text is another variant
-        facts = dataclasses.replace(facts, extra={**facts.extra,
-                                                  "calibration_sha256": calibration_digest(calibration_texts)})
+        facts = facts.replace(extra={**facts.extra, "calibration_sha256": calibration_digest(calibration_texts)})
     if attn is None:
-        facts = dataclasses.replace(facts, extra={**facts.extra, "attention": attention_facts(model)})
+        facts = facts.replace(attention=attention_facts(model))
     else:
-        facts = dataclasses.replace(facts, kernels=facts.kernels + tuple(attn.get("kernels", ())),
-                                    notes=facts.notes + tuple(attn.get("notes", ())),
-                                    extra={**facts.extra, "attention": attn})
+        facts = facts.replace(kernels=facts.kernels + attn.kernels, notes=facts.notes + attn.notes, attention=attn)
     facts = with_decode_kernels(model, facts)
     return BuiltVariant(model, tokenizer, facts, variant, {"load_s": t1 - t0, "apply_s": t2 - t1})
 

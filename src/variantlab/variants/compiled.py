@@ -10,7 +10,6 @@ scenarios' own warm-up covers the other shapes, never a timed request.
 """
 from __future__ import annotations
 
-import dataclasses
 
 from ..errors import RecipeError
 
@@ -18,8 +17,8 @@ from ..errors import RecipeError
 def compile_variant(engine, model, facts):
     """Compile the engine's decode step (static cache) or else the model's decoder MLPs; facts say which."""
     if engine.compile_decode_step():
-        return dataclasses.replace(
-            facts, kernels=facts.kernels + ("torch.compile (inductor, static shapes) of the whole decode step",),
+        return facts.replace(
+            kernels=facts.kernels + ("torch.compile (inductor, static shapes) of the whole decode step",),
             extra={**facts.extra, "compile": {"backend": "inductor", "dynamic": False, "scope": "decode step"}})
     return compile_decoder_mlps(model, facts)
 
@@ -34,6 +33,6 @@ def compile_decoder_mlps(model, facts):
                           field="compile", accepted="a Llama/Mistral/Qwen2-style model, or compile: false")
     for layer in layers:
         layer.mlp = torch.compile(layer.mlp, dynamic=True)
-    return dataclasses.replace(facts, kernels=facts.kernels + ("torch.compile (inductor, dynamic) of decoder MLPs",),
+    return facts.replace(kernels=facts.kernels + ("torch.compile (inductor, dynamic) of decoder MLPs",),
                                extra={**facts.extra, "compile": {"backend": "inductor", "dynamic": True,
                                                                  "scope": "decoder MLPs"}})

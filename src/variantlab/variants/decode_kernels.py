@@ -14,7 +14,6 @@ figures then describe aten.
 """
 from __future__ import annotations
 
-import dataclasses
 
 from torch import nn
 
@@ -51,8 +50,8 @@ def with_decode_kernels(model: nn.Module, facts):
         k for k in facts.kernels if not is_decode_label(k) and k not in stale)
     notes = tuple(n for n in facts.notes if not is_decode_label(n) and n not in stale) + tuple(
         dict.fromkeys(n for m in w4a8 for n in m.notes if n in stale)) + notes
-    return dataclasses.replace(facts, kernels=kernels + labels, notes=notes,
-                               extra={**facts.extra, "resident_bytes": resident_bytes(model)})
+    return facts.replace(kernels=kernels + labels, notes=notes,
+                         extra={**facts.extra, "resident_bytes": resident_bytes(model)})
 
 
 def is_decode_label(text: str) -> bool:

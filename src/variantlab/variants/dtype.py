@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recipe import NoOptions, VariantFacts, cast_parameters, resident_bytes, weight_facts
+from .facts import VariantFacts
+from .recipe import NoOptions, cast_parameters, resident_bytes, weight_facts
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

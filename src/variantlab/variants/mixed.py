@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from pydantic import Field, field_validator
@@ -68,7 +68,8 @@ from ..spec_model import SpecModel
 from .linear_widths import architecture, quantized_in_features, undivided
 from .quant import _facts, _features, _kernel_probe, _require_kernel, _targets
 from .calibration import SensitivityProbe, calibration_set
-from .recipe import BuildContext, VariantFacts, cast_parameters, weight_facts
+from .facts import VariantFacts
+from .recipe import BuildContext, cast_parameters, weight_facts
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _MODULES = {4: "Int4WeightOnly", 8: "Int8WeightOnly"}  # 16: the nn.Linear itself
@@ -237,7 +238,7 @@ class MixedRecipe:
                      sensitivity_samples=sum(b.samples for b in calib.batches[:calib.sensitivity_batches]),
                      calibration_seed=options.calibration_seed if calib.source == "generator" else None,
                      calibration_seconds=seconds)
-        return replace(facts, notes=tuple(notes), extra=extra)
+        return facts.replace(notes=tuple(notes), extra=extra)
 
 
 def _ladders(targets, options: MixedOptions) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:

@@ -21,13 +21,14 @@ CPU layouts; aten/src/ATen/native/cpu/int4mm_kernel.cpp (kernel conventions).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import RecipeError, UnsupportedOnHardware
 from ..spec_model import SpecModel
 from .linear_widths import architecture, by_width, quantized_in_features, undivided
-from .recipe import VariantFacts, cast_parameters, resident_bytes, weight_facts
+from .facts import VariantFacts
+from .recipe import cast_parameters, resident_bytes, weight_facts
 
 GROUP_SIZES = (32, 64, 128)
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -232,7 +233,7 @@ def _with_split_tie_note(facts: VariantFacts, model, options) -> VariantFacts:
             f"{options.compute_dtype} copy ({_mib(head_bytes)}) beside the int8 table ({_mib(emb_bytes)}), so the "
             f"weights take {_mib(facts.weight_bytes)} against {_mib(tied_bytes)} with the tie kept "
             f"(quantize_embeddings: false)")
-    return replace(facts, notes=facts.notes + (note,), extra={**facts.extra, "weight_bytes_with_tie_kept": tied_bytes})
+    return facts.replace(notes=facts.notes + (note,), extra={**facts.extra, "weight_bytes_with_tie_kept": tied_bytes})
 
 
 def _mib(n: int) -> str:

@@ -6,35 +6,17 @@ nothing of recipes. Adding a recipe is one line in `RECIPES` (variants/registry.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from ..spec_model import SpecModel
+from .facts import VariantFacts
 
 
 class NoOptions(SpecModel):
     """A recipe without options: any key is unknown."""
-
-
-@dataclass(frozen=True)
-class VariantFacts:
-    """What a built variant is: its size as stored and how it computes."""
-
-    recipe: str
-    dtype: str
-    parameters: int
-    weight_bytes: int
-    bits_per_weight: float
-    kernels: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {"recipe": self.recipe, "dtype": self.dtype, "parameters": self.parameters,
-                "weight_bytes": self.weight_bytes, "bits_per_weight": self.bits_per_weight,
-                "kernels": list(self.kernels), "notes": list(self.notes), "extra": self.extra}
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from ...errors import VariantlabError
+from ...variants.build import VariantDefinition
 
 # the suite fields that make a variant from a checkpoint: a backend takes those it names in `takes`
 BUILD_FIELDS = ("recipe", "options", "model", "weight_dtype", "activation_dtype", "quant_scheme", "attention",
@@ -55,6 +57,19 @@ class BackendKind:
     serves: bool = False                          # `variantlab serve` can host it (our engine's batched lanes)
     label: str = ""                               # how a variant that builds nothing is shown ("endpoint")
     describe: Callable[[dict], dict] = lambda config: {}  # a variant that builds nothing: its build facts
+    # (suite entry, the suite's folder, the suite file, the entry's field) → its VariantDefinition, or a
+    # VariantlabError naming what is wrong. None: a building backend's variant is planned from the checkpoint
+    # by its recipe (measure/plan.py), one that builds nothing as its name and `config`.
+    plan: Callable[[Any, Path, str, str], Any] | None = None
+
+    def plan_variant(self, spec, base_dir: Path, file: str, field: str):
+        """The variant's definition where this backend plans it (its `plan` hook, or a backend that builds
+        nothing); None where measure/plan.py plans it from the checkpoint."""
+        if self.plan is not None:
+            return self.plan(spec, base_dir, file, field)
+        if not self.builds:
+            return VariantDefinition(spec.name, backend=self.name, backend_config=self.config(spec))
+        return None
 
 
 _KINDS: dict[str, BackendKind] = {}

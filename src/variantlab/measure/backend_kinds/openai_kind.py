@@ -29,7 +29,7 @@ def describe_endpoint(config: dict) -> dict:
 def open_endpoint(job, t_start: float) -> Opened:
     from ...backends.openai_http import Endpoint, OpenAIBackend
     from ...environment import torch_fingerprint
-    endpoint = Endpoint.from_json(job.variant["backend_config"])
+    endpoint = Endpoint.from_json(job.variant.backend_config)
     setup("cpu", job.threads, job.seed)
     backend = OpenAIBackend(endpoint)
     served = (f"served by {endpoint.base_url} (model {endpoint.model})",)

@@ -34,7 +34,7 @@ def open_torch(job, t_start: float) -> Opened:
     t_loaded = process_clock()
     engine = TorchEngine(built.model, built.tokenizer, device, tokenizer_id=tokenizer_fingerprint)
     t_compiled = t_loaded     # without compile, setting up the engine counts toward the first token
-    if job.variant.get("compile"):
+    if job.variant.compile:
         from ...variants.compiled import compile_variant
         built.facts = compile_variant(engine, built.model, built.facts)
         compile_warmup(engine, [s["prompt"] for s in job.samples[:2]])
@@ -46,7 +46,7 @@ def open_torch(job, t_start: float) -> Opened:
     left_out = built_kernels_s or 0.0
     cold = ColdStartOutput(import_s=t_imported - t_start - left_out, tokenizer_s=t_tokenizer - t_imported,
                            load_s=t_loaded - t_tokenizer,
-                           compile_s=(t_compiled - t_loaded) if job.variant.get("compile") else None,
+                           compile_s=(t_compiled - t_loaded) if job.variant.compile else None,
                            first_token_s=t_first - t_compiled, total_s=t_first - t_start - left_out,
                            clock="the process's own start (kernel start time, boot clock)",
                            process_start=t_start, kernels_build_s=built_kernels_s)
@@ -87,12 +87,12 @@ def build_torch(job):
     device = setup(job.device, job.threads, job.seed)
     kernels_built_here(device)
     progress("loading", 0.1)
-    built = variants.build(job.source, variants.VariantDefinition.from_json(job.variant), device,
+    built = variants.build(job.source, job.variant, device,
                            calibration_texts=job.calibration_texts, trust_remote_code=job.trust_remote_code)
     progress("saving", 0.7)
     meta = variants.save(built, job.source, job.artifact_dir)
     progress("saved", 1.0)
-    return BuildRecord(variant=job.variant["name"], status="ok", artifact_dir=str(Path(job.artifact_dir).resolve()),
+    return BuildRecord(variant=job.variant.name, status="ok", artifact_dir=str(Path(job.artifact_dir).resolve()),
                        facts=meta["facts"], bytes_on_disk=meta["weights"]["bytes_on_disk"],
                        timings=meta["build"], environment=torch_fingerprint(device, job.seed)), {}
 

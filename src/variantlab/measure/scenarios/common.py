@@ -192,9 +192,9 @@ def decode_bytes(ctx) -> dict:
         return {}
     from ...hardware import read_bandwidth
     from ...variants.recipe import decode_weight_bytes
-    attn = (getattr(built.facts, "extra", None) or {}).get("attention") or {}
+    attn = getattr(built.facts, "attention", None)
     return {"weight_bytes_per_token": decode_weight_bytes(built.model),
-            "kv_bytes_per_position": attn.get("kv_cache_bytes_per_token"), "read_gbps": read_bandwidth()}
+            "kv_bytes_per_position": attn.kv_cache_bytes_per_token if attn else None, "read_gbps": read_bandwidth()}
 
 
 def bandwidth_rows() -> tuple[MetricDef, ...]:

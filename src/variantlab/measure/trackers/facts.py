@@ -50,11 +50,11 @@ class Facts(Unconfigured):
 
     def run(self, ctx) -> FactsOutput:
         f = ctx.built.facts
-        attn = f.extra.get("attention") or {}
+        attn = f.attention
         stored = f.extra.get("artifact_bytes_on_disk", f.weight_bytes)
         return FactsOutput(
             recipe=f.recipe, dtype=f.dtype, parameters=f.parameters, stored_bytes=int(stored),
             resident_bytes=f.extra.get("resident_bytes"), bits_per_weight=8.0 * stored / max(f.parameters, 1),
-            kv_cache_bytes_per_token=attn.get("kv_cache_bytes_per_token"),
-            kv_cache_bytes_2048=(attn.get("kv_cache_bytes_per_sequence") or {}).get("2048"),
-            kernels=tuple(f.kernels), notes=tuple(f.notes), attention=attn.get("attention"))
+            kv_cache_bytes_per_token=attn.kv_cache_bytes_per_token if attn else None,
+            kv_cache_bytes_2048=attn.kv_cache_bytes_per_sequence.get("2048") if attn else None,
+            kernels=tuple(f.kernels), notes=tuple(f.notes), attention=attn.attention if attn else None)
