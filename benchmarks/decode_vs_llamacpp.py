@@ -35,16 +35,15 @@ module, though this tokenizer has no tokenizer.model. So the conversion runs in 
 that imports the converter's own model class for the checkpoint's architecture and subclasses it:
 `get_vocab_base_pre` returns the converter's answer when it knows the hash and `gpt-2` otherwise,
 and `set_vocab` goes straight to the GPT-2 (byte-level BPE) vocabulary when the folder holds a
-BPE tokenizer.json and no tokenizer.model. The converter's files are not edited and nothing is
-installed: the child puts the vendored llama.cpp folder and its gguf-py on sys.path. Both sides
-receive token ids, never text, so the pre-tokenizer only labels the GGUF; it changes no timing.
+BPE tokenizer.json and no tokenizer.model (variants/gguf_convert.py, which `backend: llamacpp` uses
+too). Both sides receive token ids, never text, so the pre-tokenizer only labels the GGUF; it
+changes no timing.
 
-Needs llama-cpp-python 0.3.36 built from source with AVX-512/VNNI and AMX off (docs/benchmarks.md, "Against
-llama.cpp"; a build with AMX on crashed with an illegal instruction on Q8_0 on these machines) and
-its source distribution for the converter:
+Needs llama-cpp-python 0.3.36 built for this CPU at its best and llama.cpp's converter, both from
+`bash scripts/install_llamacpp.sh` (AVX-512/VNNI/BF16 where the CPU has them, AMX off: a build with
+AMX on crashed with an illegal instruction on Q8_0 on our Xeons); the build's flags are printed:
 
-    pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all: -d /tmp/lcp
-    python benchmarks/decode_vs_llamacpp.py --llama-cpp-src /tmp/lcp/llama_cpp_python-0.3.36.tar.gz
+    python benchmarks/decode_vs_llamacpp.py [--llama-cpp-src LLAMA_CPP_CHECKOUT]
 
 Without --model it saves a random-weight Llama (hidden 768, 16 layers, 12 heads, intermediate
 2048, the shipped tokenizer: 115M parameters, quant_decode.py's shape) in fp32 to a temporary
@@ -58,22 +57,18 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from variantlab.errors import VariantlabError
+from variantlab.variants import gguf_convert
+
 LLAMA_CPP_VERSION = "0.3.36"
-INSTALL_HINT = ("llama_cpp is not installed; build it from source with AVX-512/VNNI and AMX off: "
-                'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AMX_TILE=OFF '
-                '-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install --no-binary llama-cpp-python ".[peer]" '
-                '(the full flag list is in docs/benchmarks.md, "Against llama.cpp")')
-SOURCE_HINT = (f"needs llama.cpp's converter from the llama-cpp-python source distribution: "
-               f"pip download llama-cpp-python=={LLAMA_CPP_VERSION} --no-deps --no-binary :all: -d DIR, "
-               f"then pass --llama-cpp-src DIR/llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz (or set LLAMA_CPP_SRC)")
+INSTALL_HINT = ("llama_cpp is not installed; build it for this CPU at its best with "
+                f"`{gguf_convert.INSTALL}` (docs/runtimes.md), which also unpacks llama.cpp's converter")
 
 # Same shape as benchmarks/quant_decode.py's CONFIG (115M parameters with the shipped 1k vocabulary).
 CONFIG = dict(hidden_size=768, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
@@ -97,104 +92,25 @@ class Pair:
 
 PAIRS = (Pair("F32", "fp32"), Pair("BF16", "bf16"), Pair("Q8_0", "int8"),
          Pair("Q4_0", "int4", (("group_size", 32),)))
-CONVERTER_OUTTYPE = {"F32": "f32", "BF16": "bf16"}
-QUANT_FTYPE = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
 
-# ---------------------------------------------------------------------------- GGUF files (child processes)
-
-def _convert_child(llama_cpp_dir: str, model_dir: str, out: str, outtype: str) -> None:
-    """Run in a child process: convert model_dir to GGUF with the converter's own model class."""
-    src = Path(llama_cpp_dir)
-    sys.path[:0] = [str(src), str(src / "gguf-py")]
-    import logging
-
-    import gguf
-    import torch
-    from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
-
-    logging.basicConfig(level=logging.WARNING)
-    folder = Path(model_dir)
-    hparams = ModelBase.load_hparams(folder, False)
-    base = get_model_class(get_model_architecture(hparams, ModelType.TEXT))
-    tok_json = folder / "tokenizer.json"
-    byte_bpe = (tok_json.is_file() and not (folder / "tokenizer.model").is_file()
-                and json.loads(tok_json.read_text(encoding="utf-8")).get("model", {}).get("type") == "BPE")
-
-    class ByteLevelBPE(base):                         # the converter requires model_arch on every class
-        model_arch = base.model_arch
-
-        def get_vocab_base_pre(self, tokenizer) -> str:
-            try:
-                return super().get_vocab_base_pre(tokenizer)
-            except NotImplementedError:               # a hash it does not know: byte-level BPE is gpt-2's
-                return "gpt-2"
-
-        def set_vocab(self) -> None:
-            if byte_bpe:                              # skip the SentencePiece attempt (needs a module we lack)
-                self._set_vocab_gpt2()
-            else:
-                super().set_vocab()
-
-    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16}[outtype]
-    with torch.inference_mode():
-        ByteLevelBPE(folder, ftype, Path(out)).write()
-
-
-def find_converter(spec: str | None, workdir: Path) -> Path:
-    """The vendored llama.cpp folder (holding convert_hf_to_gguf.py, conversion/, gguf-py/) from an
-    sdist tarball (extracted into workdir), an unpacked sdist, or a llama.cpp checkout."""
-    spec = spec or os.environ.get("LLAMA_CPP_SRC")
-    if not spec:
-        raise SystemExit(SOURCE_HINT)
-    p = Path(spec).expanduser()
-    for d in (p, p / "vendor" / "llama.cpp"):
-        if (d / "convert_hf_to_gguf.py").is_file():
-            return d
-    if not (p.is_file() and p.name.endswith((".tar.gz", ".tgz"))):
-        raise SystemExit(f"{p}: no convert_hf_to_gguf.py there. {SOURCE_HINT}")
-    keep = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
-    with tarfile.open(p) as tar:
-        members = []
-        for m in tar.getmembers():
-            _, _, rest = m.name.partition("/vendor/llama.cpp/")
-            if rest.startswith(keep):
-                m.name = "llama.cpp/" + rest
-                members.append(m)
-        if not members:
-            raise SystemExit(f"{p} holds no vendor/llama.cpp/convert_hf_to_gguf.py. {SOURCE_HINT}")
-        tar.extractall(workdir, members=members, filter="data")
-    return workdir / "llama.cpp"
-
-
-def _quantize_child(f32: str, out: str, gguf_type: str, threads: str) -> None:
-    """Run in a child process (llama.cpp logs every tensor it quantizes): F32 GGUF -> gguf_type."""
-    import llama_cpp
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, QUANT_FTYPE[gguf_type])
-    params.nthread = int(threads)
-    if llama_cpp.llama_model_quantize(f32.encode(), out.encode(), params) != 0:
-        raise SystemExit(f"llama_model_quantize to {gguf_type} returned an error")
-
+# ---------------------------------------------------------------------------- GGUF files
 
 def convert(llama_cpp_dir: Path, model_dir: Path, out: Path, outtype: str) -> Path:
-    """convert_hf_to_gguf (through _convert_child) to F32 or BF16."""
-    cmd = [sys.executable, __file__, "_convert", str(llama_cpp_dir), str(model_dir), str(out), outtype]
-    return _run_child(cmd, out)
+    """llama.cpp's converter to F32 or BF16 (variants/gguf_convert.py, in a child process)."""
+    return gguf_convert.convert(model_dir, out, outtype, llama_cpp_dir)
 
 
 def quantize(f32: Path, out: Path, gguf_type: str, threads: int) -> Path:
-    """llama_model_quantize (through _quantize_child) from the F32 GGUF to Q8_0 or Q4_0."""
-    return _run_child([sys.executable, __file__, "_quantize", str(f32), str(out), gguf_type, str(threads)], out)
+    """llama_model_quantize from the F32 GGUF to Q8_0 or Q4_0 (in a child process)."""
+    return gguf_convert.quantize(f32, out, gguf_type, threads)
 
 
-def _run_child(cmd: list[str], out: Path) -> Path:
-    """Run one of this file's child steps; its chatter is shown only when it fails."""
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode or not out.is_file():
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise SystemExit(f"{cmd[2][1:]} to {out.name} failed:\n{tail}")
-    return out
+def find_converter(spec: str | None) -> Path:
+    try:
+        return gguf_convert.find_converter(spec or os.environ.get("LLAMA_CPP_SRC"))
+    except VariantlabError as e:
+        raise SystemExit(e.one_line()) from None
 
 
 # ---------------------------------------------------------------------------- the two workers
@@ -396,8 +312,8 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None,
                     help="Hugging Face checkpoint folder (default: a random-weight 115M Llama, seeded)")
     ap.add_argument("--llama-cpp-src", default=None,
-                    help=f"llama-cpp-python {LLAMA_CPP_VERSION} sdist (.tar.gz) or its unpacked folder "
-                         "(default: $LLAMA_CPP_SRC)")
+                    help="a llama.cpp checkout or unpacked llama-cpp-python sdist holding the converter "
+                         "(default: $LLAMA_CPP_SRC, else what scripts/install_llamacpp.sh unpacked)")
     ap.add_argument("--pairs", type=int, default=6, help="interleaved pairs per precision")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -422,7 +338,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="peer-bench-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        llama_cpp_dir = find_converter(args.llama_cpp_src, work)
+        llama_cpp_dir = find_converter(args.llama_cpp_src)
         t0 = time.perf_counter()
         model_dir = args.model or make_checkpoint(work / "checkpoint", args.seed)
         f32 = convert(llama_cpp_dir, model_dir, work / "model-F32.gguf", "f32")
@@ -458,9 +374,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["_convert"]:
-        _convert_child(*sys.argv[2:6])
-    elif sys.argv[1:2] == ["_quantize"]:
-        _quantize_child(*sys.argv[2:6])
-    else:
-        main()
+    main()

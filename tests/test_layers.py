@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("backends",)),
     ("serving engine", ("serve.lane", "serve.engine", "serve.policies", "serve.calibrate", "serve.policy_kinds",
                         "serve.sampling", "serve.detok", "serve.shedding", "serve.admission", "serve.protocol",
-                        "serve.body", "serve.metrics")),
+                        "serve.body", "serve.metrics", "serve.scoring")),
     ("measure", ("measure", "store",                 # measure.runs: the runs read-model
                  # explain's instruments, which the profile tracker runs in a worker (its analysis is layer 8)
                  "explain.categories", "explain.profiling", "explain.counters", "explain.roofline")),

@@ -126,6 +126,8 @@ class VariantSpec(_Frozen):
                                  "http://127.0.0.1:8000/v1")
     served_model: str | None = Field(None, description="openai: the `model` to send (default: auto)")
     api_key_env: str | None = Field(None, description="openai: the environment variable that holds its API key")
+    gguf_type: str | None = Field(None, description="llamacpp: the GGUF type llama.cpp's tools make from the "
+                                  "checkpoint (F32 | BF16 | F16 | Q8_0 | Q6_K | Q5_K_M | Q4_K_M | Q4_0 | IQ4_XS | …)")
 
     @model_validator(mode="after")
     def _backend(self) -> "VariantSpec":

@@ -20,10 +20,14 @@ from variantlab.explain.categories import categorize, name_category
     ("## Call CompiledFxGraph fabc123 ##", C.COMPILED), ("Torch-Compiled Region: 0/0", C.OVERHEAD),
     ("TorchDynamo Cache Lookup", C.OVERHEAD), ("AOTDispatcher Runtime Wrapper Prologue", C.OVERHEAD),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", C.GEMM), ("Memcpy DtoH (Device -> Pinned)", C.MEMORY),
-    ("aten::frobnicate", C.OTHER),
+    ("llama.cpp::llama_decode", C.RUNTIME), ("aten::frobnicate", C.OTHER),
 ])
 def test_names(name, category):
     assert name_category(name) == category
+
+
+def test_another_runtimes_step_stays_its_own_category_in_any_region():
+    assert categorize("llama.cpp::llama_decode", C.ATTENTION_REGION) == C.RUNTIME
 
 
 def test_a_name_must_match_whole():

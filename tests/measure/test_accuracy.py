@@ -171,3 +171,41 @@ def test_retention_interval_is_paired_over_the_graded_samples():
     assert low2 < 1.0 < high2
     assert retention_interval([False, False], [True, False]) is None      # the baseline got none right
     assert retention_interval(base, base) == (1.0, 1.0)
+
+
+# ---------------------------------------------------------------- truncated KLD (an endpoint's top-k)
+
+def test_truncated_kl_of_a_hand_made_pair_is_exact():
+    # baseline over ids a, b, c, d (c and d read alike: one text "c"); the variant names a and b only
+    p = np.array([0.5, 0.25, 0.125, 0.125])
+    texts = ["a", "b", "c", "c"]
+    top = [{"a": math.log(0.4), "b": math.log(0.4)}]             # the variant's other: 0.2
+    expected = 0.5 * math.log(0.5 / 0.4) + 0.25 * math.log(0.25 / 0.4) + 0.25 * math.log(0.25 / 0.2)
+    kl = accuracy.truncated_kl_per_position(np.log(p)[None], texts, top)
+    assert kl[0] == pytest.approx(expected, abs=1e-12)
+    # naming every text is the full KL over texts (c's ids summed), and lumping never exceeds it
+    full = [{"a": math.log(0.4), "b": math.log(0.4), "c": math.log(0.2)}]
+    assert accuracy.truncated_kl_per_position(np.log(p)[None], texts, full)[0] == pytest.approx(expected, abs=1e-12)
+    q = np.array([0.4, 0.4, 0.1, 0.1])
+    assert kl[0] <= accuracy.kl_divergence_per_position(np.log(p)[None], np.log(q)[None])[0]
+
+
+def test_truncated_kl_edges():
+    p = np.log(np.array([[0.5, 0.5, 0.0]]))
+    texts = ["a", "b", "z"]
+    assert accuracy.truncated_kl_per_position(p, texts, [{"a": math.log(0.5), "b": math.log(0.5)}])[0] == 0.0
+    # a text the baseline has no id for adds nothing; a top-k whose rounding sums past 1 leaves the floor
+    over = accuracy.truncated_kl_per_position(np.log(np.array([[0.6, 0.4]])), ["a", "b"],
+                                              [{"a": math.log(0.6) + 1e-7, "b": math.log(0.4), "q": -20.0}])
+    assert 0.0 <= over[0] < 1e-6
+    lumped = accuracy.truncated_kl_per_position(np.log(np.array([[0.5, 0.3, 0.2]])), ["a", "b", "c"],
+                                                [{"a": math.log(0.5), "b": math.log(0.5)}])
+    assert lumped[0] == pytest.approx(0.3 * math.log(0.3 / 0.5) + 0.2 * math.log(0.2 / accuracy.OTHER_FLOOR))
+    with pytest.raises(ValueError, match="positions"):
+        accuracy.truncated_kl_per_position(p, texts, [])
+
+
+def test_top1_agreement_by_text():
+    base = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.2, 0.7]]))
+    texts = ["a", "b", "c"]
+    assert accuracy.top1_agreement_by_text(base, texts, [{"a": -0.1, "b": -3.0}, {"a": -0.1, "c": -2.0}]) == 0.5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -72,7 +73,10 @@ def test_scoring_travels_as_a_blob_and_compares_identical_variants_exactly(tiny_
     h = host(model, tok)
     out = Scoring(3).run(h)
     assert out.texts == 3 and out.positions > 0 and out.nonfinite is None
-    assert set(h.blobs) == {out.logprobs_blob}
+    assert set(h.blobs) == {out.logprobs_blob} and out.vocabulary_blob is None
+    # with an endpoint in the plan: the vocabulary's token texts too, which its top-k is matched by (issue 24)
+    texts = Scoring.from_config(Scoring(3, token_texts=True).config()).run(h)
+    assert texts.text_fingerprint and len(json.loads(h.blobs[texts.vocabulary_blob])) == len(tok)
     facts = Scoring(3).compare(out, out, h.blobs.__getitem__)
     assert facts["kld_mean"] == pytest.approx(0.0, abs=1e-9) and facts["top1_agreement"] == 1.0
     assert facts["ppl_ratio"] == pytest.approx(1.0)

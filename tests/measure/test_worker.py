@@ -240,7 +240,8 @@ def test_an_endpoints_raising_tracker_is_its_own_error_as_it_is_for_a_local_vari
     samples = ({"id": "0", "prompt": "p", "answer": "a"},)
     job = MeasureJob(variant={"name": "e"}, artifact_dir="", round=0, device="cpu", threads=1, seed=0,
                      samples=samples, trackers=(TrackerJob(kind="explodes"), TrackerJob(kind="memory"),
-                                                TrackerJob(kind="machine")), run_once=True)
+                                                TrackerJob(kind="machine"),
+                                                TrackerJob(kind="scoring", config={"samples": 1})), run_once=True)
     try:
         results, scenarios = run_trackers(Host(backend, None, samples, "endpoint", None, 0), job, remote=True)
     finally:
@@ -248,4 +249,7 @@ def test_an_endpoints_raising_tracker_is_its_own_error_as_it_is_for_a_local_vari
     by = {r.name: r for r in results}
     assert by["explodes"].error.startswith("RuntimeError: this tracker always raises") and by["explodes"].data == {}
     assert by["memory"].error.startswith("not measured for an endpoint: ")
+    # scoring asks the endpoint for top-k log-probabilities (issue 24); one that gives none is one line
+    assert by["scoring"].error.startswith("not measured for an endpoint: the endpoint returned no prompt "
+                                          "log-probabilities") and "\n" not in by["scoring"].error
     assert by["machine"].error is None and by["machine"].data["small_ops_s"] and scenarios == []

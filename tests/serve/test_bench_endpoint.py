@@ -1,7 +1,8 @@
 """`backend: openai` in bench, end to end: our own server on loopback (built in this process) measured by
 `variantlab bench` beside the same variant run locally, in one table. The endpoint's variant gets every
-row a client can measure (single-stream, offline, the server scenario, graded answers) and says why the
-others are not measured (KLD needs logprobs; cold start and memory are the server's own)."""
+row a client can measure (single-stream, offline, the server scenario, graded answers, and KLD from the
+top-k log-probabilities of prompt scoring) and says why the others are not measured (cold start and memory
+are the server's own)."""
 from __future__ import annotations
 
 import json
@@ -52,7 +53,10 @@ def test_an_endpoint_is_measured_beside_a_local_variant_in_one_table(server, tmp
         assert rows[key]["cells"]["served"]["value"] is not None, key
     # the same weights behind the endpoint answer what the local variant answers
     assert rows["grading.task_accuracy"]["cells"]["served"]["value"] == rows["grading.task_accuracy"]["cells"]["local"]["value"]
-    for key in ("scoring.kld_mean", "cold_start.total", "memory.peak"):
+    # the same weights: the endpoint's top-20 KLD against the local baseline is next to nothing (issue 24)
+    assert 0 <= rows["scoring.kld_mean"]["cells"]["served"]["value"] < 1e-3
+    assert rows["scoring.top1_agreement"]["cells"]["served"]["value"] > 0.95
+    for key in ("cold_start.total", "memory.peak"):
         cell = rows[key]["cells"]["served"]
         assert cell["value"] is None and "not measured for an endpoint" in cell["problem"], key
 

@@ -33,6 +33,7 @@ class Capabilities:
     token_timestamps: bool = True  # token times are real per-token arrival times
     scoring: bool = False          # score() gives teacher-forced log-probabilities
     token_input: bool = False      # a request may give its prompt as token ids (exact prompt lengths)
+    topk_scoring: bool = False     # score_topk() gives each position's top-k log-probabilities by token text
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,27 @@ class ScoredText:
     token_ids: tuple[int, ...]
     n_bytes: int
     first_nonfinite: int | None = None
+
+
+@dataclass(frozen=True)
+class TopkScoredText:
+    """Teacher-forced scoring of one text as an endpoint gives it: by token text, top-k only.
+
+    tokens: the text's tokens as the endpoint split it (their texts, a leading special token such as "<s>"
+    included where it sends one); target_logprobs: the log-probability of each token but the first, given
+    those before it (T-1 values); top: at each of those positions, token text → log-probability for the
+    endpoint's top-k and the token that followed; n_bytes: the UTF-8 bytes of the text predicted (as
+    ScoredText); mismatch: why the tokens do not spell the text (then nothing here is position-comparable)."""
+
+    tokens: tuple[str, ...]
+    target_logprobs: tuple[float, ...]
+    top: tuple[dict, ...]
+    n_bytes: int
+    mismatch: str | None = None
+
+
+class TopkUnavailable(Exception):
+    """The endpoint returned no prompt log-probabilities (it refused echo and logprobs, or sent none)."""
 
 
 class Backend(Protocol):

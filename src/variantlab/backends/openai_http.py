@@ -8,8 +8,14 @@ that carries text is a token event stamped as it arrives, and the request ends a
 Token counts come from the response's `usage` (a chunk may carry several tokens; the first token's
 text may be held back by the server), so TPOT divides by usage's completion_tokens while ITL is the
 gap between chunks, as vLLM's benchmark_serving does. Only what the endpoint exposes is measured: no
-teacher-forced scoring (KLD needs logprobs, which are not asked for), no token-id prompts, and
-`encode` is a byte count, used only to tell prompt shapes apart for warm-up.
+token-id prompts, and `encode` is a byte count, used only to tell prompt shapes apart for warm-up.
+
+Teacher-forced scoring is top-k only (`score_topk`, capability `topk_scoring`): each text is sent once,
+not streamed, in the legacy prompt-scoring form `echo: true, logprobs: K, max_tokens: 0` (again with
+max_tokens 1 where 0 is refused, the generated token dropped), and `choices[0].logprobs` gives each prompt
+token's text, its log-probability and the top K by token text. Token ids are not known over HTTP: the
+scoring tracker matches tokens by text, and checks that the tokens spell the text (a leading special
+token, "<s>", aside). An endpoint that refuses or sends no log-probabilities raises TopkUnavailable.
 
 A request that fails (connection refused, HTTP 429 or 5xx, a broken stream) is data: a RequestEnd
 with the error, never an exception; the scenario counts it.
@@ -25,9 +31,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from .base import Capabilities, GenerationRequest, RequestEnd, ScoredText, TokenEvent
+from .base import (Capabilities, GenerationRequest, RequestEnd, ScoredText, TokenEvent, TopkScoredText,
+                   TopkUnavailable)
 
 MAX_STOP = 4      # the OpenAI API takes at most four stop sequences
+TOPK_DEFAULT = 20  # log-probabilities asked for per position (OpenAI took 5 at most; vLLM 20 by default)
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,8 @@ class Endpoint:
 class OpenAIBackend:
     """The Backend protocol (backends/base.py) over an OpenAI-compatible endpoint (module doc)."""
 
-    capabilities = Capabilities(batching=True, token_timestamps=True, scoring=False, token_input=False)
+    capabilities = Capabilities(batching=True, token_timestamps=True, scoring=False, token_input=False,
+                                topk_scoring=True)
 
     def __init__(self, endpoint: Endpoint, clock: Callable[[], float] = time.perf_counter,
                  max_connections: int = 1024):
@@ -74,7 +83,31 @@ class OpenAIBackend:
         raise NotImplementedError("an endpoint's events carry their text; token ids are not known here")
 
     def score(self, texts: Sequence[str]) -> list[ScoredText]:
-        raise NotImplementedError("teacher-forced scoring needs the model's logits; an endpoint gives none")
+        raise NotImplementedError("full teacher-forced scoring needs the model's logits; an endpoint gives top-k "
+                                  "log-probabilities at most (score_topk)")
+
+    def score_topk(self, texts: Sequence[str], k: int = TOPK_DEFAULT) -> list[TopkScoredText]:
+        """Each text's prompt log-probabilities, top `k` per position, from the endpoint (module doc), one
+        request at a time; TopkUnavailable when the endpoint gives none."""
+        return [asyncio.run_coroutine_threadsafe(self._score_one(t, k), self._loop).result() for t in texts]
+
+    async def _score_one(self, text: str, k: int) -> TopkScoredText:
+        refusals = []
+        for max_tokens in (0, 1):
+            body = {"model": self.endpoint.model, "prompt": text, "max_tokens": max_tokens, "echo": True,
+                    "logprobs": k, "temperature": 0.0, "stream": False}
+            try:
+                resp = await self._client.post("/completions", json=body)
+            except Exception as e:  # noqa: BLE001 - an endpoint that cannot be reached gives no log-probabilities
+                raise TopkUnavailable(f"{type(e).__name__}: {e}") from None
+            if resp.status_code == 200:
+                try:
+                    answer = resp.json()
+                except ValueError:
+                    raise TopkUnavailable(f"the endpoint's answer is not JSON: {_message(resp.text)}") from None
+                return prompt_topk(text, answer, max_tokens)
+            refusals.append(f"with max_tokens {max_tokens}: HTTP {resp.status_code}: {_message(resp.text)}")
+        raise TopkUnavailable("the endpoint refused echo + logprobs " + "; ".join(refusals))
 
     # ------------------------------------------------------------------ requests
 
@@ -147,6 +180,36 @@ class OpenAIBackend:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+
+
+def prompt_topk(text: str, body: dict, generated: int) -> TopkScoredText:
+    """The prompt's scoring from a completion answered with echo and logprobs: the first `generated` tokens
+    after the prompt's are dropped (usage's prompt_tokens says where the prompt ends, when it is sent)."""
+    try:
+        lp = body["choices"][0].get("logprobs") or {}
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise TopkUnavailable("the endpoint's answer has no choices") from None
+    tokens, values, tops = lp.get("tokens"), lp.get("token_logprobs"), lp.get("top_logprobs")
+    if not tokens or values is None or tops is None:
+        raise TopkUnavailable("the endpoint answered without prompt log-probabilities (choices[0].logprobs is "
+                              "empty: it ignores echo or logprobs)")
+    n = (body.get("usage") or {}).get("prompt_tokens") or len(tokens) - generated
+    tokens, values, tops = tokens[:n], values[:n], tops[:n]
+    if len(values) != len(tokens) or len(tops) != len(tokens) or any(v is None for v in values[1:]):
+        raise TopkUnavailable(f"the endpoint's prompt log-probabilities are incomplete ({len(tokens)} tokens, "
+                              f"{sum(v is not None for v in values)} log-probabilities)")
+    top = tuple({**(t or {}), tok: v} for tok, v, t in zip(tokens[1:], values[1:], tops[1:]))
+    joined, total = "".join(tokens), len(text.encode("utf-8"))
+    mismatch = None
+    if joined == text:              # the first token is text: it is never predicted
+        n_bytes = total - len(tokens[0].encode("utf-8"))
+    elif tokens[0] + text == joined:   # a leading special token ("<s>") covers no text: every byte is predicted
+        n_bytes = total
+    else:
+        n_bytes = total
+        mismatch = (f"the endpoint's {len(tokens)} prompt tokens do not spell the text ({joined[:40]!r}… vs "
+                    f"{text[:40]!r}…)")
+    return TopkScoredText(tuple(tokens), tuple(float(v) for v in values[1:]), top, n_bytes, mismatch)
 
 
 def _message(text: str) -> str:

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 from .base import Capabilities, Clock, GenerationRequest, NonFiniteLogits, ScoredText, TokenEvent
 from .kv_cache import KVCaches
-from .stopping import RequestStop, StopSpec, Vocabulary, build_spec
+from .stopping import RequestStop, Vocabulary
+from .tokenized import TokenizerText, eos_ids
 
 
 class TorchEngine:
@@ -48,10 +49,10 @@ class TorchEngine:
         self.device = torch.device(device)
         self.tokenizer_id = tokenizer_id
         self.clock = clock
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.text = TokenizerText(tokenizer, eos_ids(tokenizer, getattr(model, "generation_config", None)),
+                                  getattr(getattr(model, "config", None), "vocab_size", 0))
+        self.eos_ids = self.text.eos_ids
         self.pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
-        self._vocab: Vocabulary | None = None
-        self._specs: dict[tuple[tuple[str, ...], bool], StopSpec] = {}
         self.caches = KVCaches(model, static=static_cache)   # static_cache=False: the growing reference
         self._decode = self._forward
         if compile_step:
@@ -59,34 +60,23 @@ class TorchEngine:
         # the LM head runs for the last position only (prefill's other positions predict nothing we use)
         self._last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
-    # ------------------------------------------------------------------ text
+    # ------------------------------------------------------------------ text (backends/tokenized.py)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text, with the special tokens the tokenizer adds (BOS)."""
-        return self.tokenizer(text, add_special_tokens=True).input_ids
+        return self.text.encode(text)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of token ids, special tokens dropped: what stop strings are matched against."""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return self.text.decode(token_ids)
 
     @property
     def vocabulary(self) -> Vocabulary:
-        """Every id's text, decoded on first use and kept: what stop-string checks read."""
-        if self._vocab is None:
-            self._vocab = Vocabulary(self.tokenizer, getattr(getattr(self.model, "config", None), "vocab_size", 0))
-        return self._vocab
-
-    def _spec(self, req) -> StopSpec:
-        key = (req.stop, req.stop_on_eos)
-        if key not in self._specs:
-            vocab = self.vocabulary if req.stop else None
-            self._specs[key] = build_spec(vocab, req.stop, self.eos_ids if req.stop_on_eos else frozenset())
-        return self._specs[key]
+        return self.text.vocabulary
 
     def stop_rules(self, req) -> RequestStop:
         """A request's stop rules (EOS, stop strings, max_new_tokens), checked per token: `finish(token)`."""
-        spec = self._spec(req)
-        return RequestStop(spec, self.vocabulary if spec.needs_text else None, req.max_new_tokens)
+        return self.text.stop_rules(req)
 
     # ------------------------------------------------------------------ generation
 
@@ -208,32 +198,4 @@ class TorchEngine:
         return out
 
     def _predicted(self, text: str) -> tuple[list[int], int]:
-        """Token ids of text, and the UTF-8 bytes of it that teacher forcing predicts.
-
-        Every token but the first is predicted. A BOS (or other special) first token covers no
-        text, so every byte is; otherwise the first token's text is never predicted, and its end
-        offset says where the predicted text starts. (A first character split over several byte
-        tokens counts whole as not predicted: at most 3 bytes too few, once per text.)"""
-        total = len(text.encode("utf-8"))
-        special = self.tokenizer.all_special_ids
-        if not getattr(self.tokenizer, "is_fast", False):   # no offsets: the first token's text, re-decoded
-            ids = self.encode(text)
-            if not ids or ids[0] in special:
-                return ids, total
-            return ids, max(0, total - len(self.decode(ids[:1]).encode("utf-8")))
-        enc = self.tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
-        ids, offsets = enc.input_ids, enc.offset_mapping
-        if not ids or ids[0] in special:
-            return ids, total
-        return ids, len(text[offsets[0][1]:].encode("utf-8"))
-
-
-def _eos_ids(model, tokenizer) -> frozenset[int]:
-    """The tokenizer's EOS and the generation config's (an id or a list of ids)."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen, int):
-        ids.add(gen)
-    elif gen is not None:
-        ids.update(int(i) for i in gen)
-    return frozenset(ids)
+        return self.text.predicted(text)

@@ -27,8 +27,9 @@ SAMPLING = "sampling"
 COMPILED = "compiled graph (fused kernels)"
 OVERHEAD = "framework overhead"
 OTHER = "other"
+RUNTIME = "another runtime's graph (not broken down)"
 
-CATEGORIES = (GEMM, QUANT, ATTENTION, NORM, ELEMENTWISE, MEMORY, SAMPLING, COMPILED, OVERHEAD, OTHER)
+CATEGORIES = (GEMM, QUANT, ATTENTION, NORM, ELEMENTWISE, MEMORY, SAMPLING, COMPILED, RUNTIME, OVERHEAD, OTHER)
 
 DESCRIPTIONS = {
     GEMM: "matrix multiplies: dense, weight-only quantized (fused dequantize), int8×int8, ours or aten's",
@@ -41,6 +42,8 @@ DESCRIPTIONS = {
     SAMPLING: "choosing the next token (argmax) and reading it back",
     COMPILED: "graphs torch.compile fused: one call covers what eager runs as many ops",
     OVERHEAD: "time no operator covers: Python, module calls, the decode loop; a compiled step's guards and wrappers",
+    RUNTIME: "time inside another runtime's own step (llama.cpp's llama_decode: its matmuls, attention and norms "
+             "run in ggml's graph, which llama-cpp-python does not time per operator)",
     OTHER: "operators no pattern knows (explain/categories.py)",
 }
 
@@ -73,6 +76,7 @@ OP_PATTERNS: tuple[tuple[str, str], ...] = (
      r"nan_to_num|_foreach_\w+|remainder|fmod|erf|square|norm|linalg_vector_norm|var|std|prod|"
      r"outer|baddbmm_|exp2|log_softmax|_log_softmax|one_hot|bucketize|searchsorted)", ELEMENTWISE),
     (r".*(CompiledFxGraph|cpp_fused|triton_|inductor).*", COMPILED),
+    (r"llama\.cpp::\w+", RUNTIME),        # the llama.cpp backend's own marks (backends/llamacpp.py `op_range`)
     (r"(Torch-Compiled Region|TorchDynamo|Pregraph bytecode|AOTDispatcher|Compiled Function|"
      r"CompiledFunction).*", OVERHEAD),   # the compiled step's guards and wrappers
     (r"(?i).*(gemm|gemv|cutlass|cublas|xmma|wgmma|sm\d+_.*mma|flash_fwd|fmha).*", GEMM),
@@ -100,7 +104,7 @@ def categorize(name: str, region: str | None) -> str:
     """The category an operator named `name` is charged to, when it ran in the innermost region `region`
     (one of REGIONS, or None outside every marked module)."""
     by_name = name_category(name)
-    if by_name in (COMPILED, OVERHEAD, OTHER):
+    if by_name in (COMPILED, RUNTIME, OVERHEAD, OTHER):
         return by_name
     if region == QUANT_LINEAR:       # the matmul stays GEMM; the rest is the price of quantization
         return GEMM if by_name == GEMM else QUANT

@@ -51,7 +51,7 @@ def regions_marked(model) -> Iterator[int]:
     """Inside: each markable module's forward runs in a record_function range named for its region.
     Yields the number of modules marked; the hooks are removed on the way out."""
     handles = []
-    for module in model.modules():
+    for module in model.modules() if model is not None else ():    # another runtime's model has no modules
         kind = region_kind(module)
         if kind is None:
             continue
@@ -72,6 +72,20 @@ def regions_marked(model) -> Iterator[int]:
     finally:
         for h in handles:
             h.remove()
+
+
+@contextlib.contextmanager
+def runtime_marked(engine) -> Iterator[None]:
+    """Inside: a backend that runs another runtime's step (`op_range`, `op_name`: llama.cpp's llama_decode) has each
+    call in a record_function range, which the profiler times as one operator; plain runs carry no mark."""
+    if not hasattr(engine, "op_range"):
+        yield
+        return
+    engine.op_range = lambda: torch.autograd.profiler.record_function(engine.op_name)
+    try:
+        yield
+    finally:
+        engine.op_range = contextlib.nullcontext
 
 
 def _phase_range(phase: str, marked: bool):
@@ -145,7 +159,7 @@ def profile_workload(engine, model, batches: Sequence[Sequence], reps: int, devi
             for p, s in phase_times(engine, batches, marked=False).items():
                 plain[p].append(s)
             continue
-        with regions_marked(model) as n_marked:
+        with regions_marked(model) as n_marked, runtime_marked(engine):
             with profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False) as prof:
                 seconds = phase_times(engine, batches, marked=True)
         profiled.append({"seconds": seconds, "ops": aggregate_events(prof.events(), device_time=cuda)})

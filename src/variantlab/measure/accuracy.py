@@ -2,7 +2,9 @@
 
 docs/metrics.md: KLD (mean and p99 of KL(baseline || variant) per position),
 top-1 agreement, PPL ratio, task accuracy (exact match) and accuracy retention. Bits per byte
-compares variants whose tokenizers differ, where perplexities per token are not comparable.
+compares variants whose tokenizers differ, where perplexities per token are not comparable. Against an
+endpoint that returns only the top-k log-probabilities of each position, KLD is truncated: over the
+tokens it names, the rest lumped into one bucket (`truncated_kl_per_position`).
 
 Inputs are teacher-forced next-token log-probabilities of shape (positions, vocab), numpy arrays
 or torch tensors (float32 usually; bf16 is widened), and target token ids of shape (positions,).
@@ -91,7 +93,11 @@ def kl_divergence_per_position(base_logprobs: Any, var_logprobs: Any) -> np.ndar
 
 def kld_summary(base_logprobs: Any, var_logprobs: Any) -> dict[str, float]:
     """{"mean": mean KL per position, "p99": its 99th percentile} in nats (docs/metrics.md's KLD)."""
-    kl = kl_divergence_per_position(base_logprobs, var_logprobs)
+    return kl_summary(kl_divergence_per_position(base_logprobs, var_logprobs))
+
+
+def kl_summary(kl: np.ndarray) -> dict[str, float]:
+    """{"mean", "p99"} of KLs per position (an infinite one makes the mean infinite)."""
     if kl.size == 0:
         raise ValueError("KLD needs at least one position")
     if np.all(np.isfinite(kl)):
@@ -121,6 +127,72 @@ def top1_agreement(base_logprobs: Any, var_logprobs: Any) -> float:
     if base.shape[0] == 0:
         raise ValueError("top-1 agreement needs at least one position")
     return float(np.mean(np.argmax(base, axis=1) == np.argmax(var, axis=1)))
+
+
+# --------------------------------------------------------------------------- against the baseline, from top-k
+
+OTHER_FLOOR = 1e-12  # the least mass the variant's "other" bucket is given where the baseline's is positive
+
+
+def token_groups(texts: Sequence[str]) -> dict[str, np.ndarray]:
+    """Each token text → the ids that decode to it (several where a vocabulary spells two ids alike, such
+    as partial UTF-8 bytes): an endpoint names tokens by text, so the baseline is grouped by text too."""
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(texts):
+        groups.setdefault(t, []).append(i)
+    return {t: np.asarray(ids, dtype=np.int64) for t, ids in groups.items()}
+
+
+def truncated_kl_per_position(base_logprobs: Any, base_texts: Sequence[str],
+                              var_top: Sequence[dict[str, float]]) -> np.ndarray:
+    """KL(baseline || variant) in nats at each position, over the tokens whose variant log-probability is
+    known (`var_top[i]`: token text → log-probability, an endpoint's top-k and the token that followed)
+    with the rest of each distribution lumped into one "other" bucket:
+
+        sum over known t of p_b(t) log(p_b(t) / p_v(t))  +  P_b(other) log(P_b(other) / P_v(other))
+
+    p_b(t) is the baseline's probability of every id whose text is t (`base_texts`: each id's text).
+    Lumping is a coarsening, so this is at most the full KL (the data-processing inequality) and equal
+    to it when the known tokens carry all the variant's mass. A known text the baseline has no id for
+    adds nothing (p_b = 0). The variant's "other" mass is floored at OTHER_FLOOR where the baseline's
+    is positive: the top-k's rounded probabilities may sum past 1. Returns float64 of shape (positions,)."""
+    base = _logprob_matrix(base_logprobs, "base_logprobs")
+    if base.shape[0] != len(var_top):
+        raise ValueError(f"baseline has {base.shape[0]} positions, the variant's top-k {len(var_top)} "
+                         "(same text, same tokenizer required)")
+    if base.shape[1] != len(base_texts):
+        raise ValueError(f"{len(base_texts)} token texts for a vocabulary of {base.shape[1]}")
+    groups = token_groups(base_texts)
+    out = np.empty(base.shape[0], dtype=np.float64)
+    for i, top in enumerate(var_top):
+        lb = _log_softmax64(base[i:i + 1], "base_logprobs")[0]
+        p = np.exp(lb)
+        total_kl, kept_b, kept_v = 0.0, 0.0, 0.0
+        for text, lv in top.items():
+            ids = groups.get(text)
+            pb = float(p[ids].sum()) if ids is not None else 0.0
+            pv = math.exp(lv)
+            kept_b, kept_v = kept_b + pb, kept_v + pv
+            if pb > 0.0:
+                total_kl += math.inf if pv == 0.0 else pb * (math.log(pb) - lv)
+        other_b = max(0.0, 1.0 - kept_b)
+        if other_b > 0.0:
+            other_v = max(OTHER_FLOOR, 1.0 - kept_v)
+            total_kl += other_b * math.log(other_b / other_v)
+        out[i] = max(total_kl, 0.0)
+    return out
+
+
+def top1_agreement_by_text(base_logprobs: Any, base_texts: Sequence[str],
+                           var_top: Sequence[dict[str, float]]) -> float:
+    """Share of positions (0..1) where the text of the baseline's most likely id is the variant's most likely
+    token text (the highest of its top-k)."""
+    base = _logprob_matrix(base_logprobs, "base_logprobs")
+    if base.shape[0] == 0 or base.shape[0] != len(var_top):
+        raise ValueError(f"top-1 agreement needs matching, non-empty positions: {base.shape[0]} vs {len(var_top)}")
+    best = np.argmax(base, axis=1)
+    agree = [bool(top) and base_texts[int(b)] == max(top, key=top.get) for b, top in zip(best, var_top)]
+    return float(np.mean(agree))
 
 
 # --------------------------------------------------------------------------- likelihood

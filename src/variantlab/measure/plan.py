@@ -338,7 +338,9 @@ def make_plan(suite: Suite, suite_path: str, base_dir: Path, skip_bad_lines: boo
     calibration, calibration_warnings = _calibration(suite, base_dir, samples, skip_bad_lines)
     texts = tuple(s["prompt"] + " " + s["answer"] for s in calibration[:CALIBRATION_LIMIT])
     limits = [p.position_limit for p in planned if p.position_limit is not None]
-    trackers = standard_trackers(suite, len(samples), min(limits, default=None, key=lambda limit: limit[0]))
+    endpoint = any(not backend_kind(v.backend).local_model for v in suite.variants)   # scored by top-k texts
+    trackers = standard_trackers(suite, len(samples), min(limits, default=None, key=lambda limit: limit[0]),
+                                 endpoint)
     return Plan(suite, suite_path, tuple(planned), tuple(samples), texts, tuple(trackers),
                 suite.rounds, warnings + tuple(recipe_warnings) + calibration_warnings, skip_bad_lines)
 

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 from ..environment import HostEnvironment, host_fingerprint
 from ..errors import StoreError, VariantlabError
 from ..store import DEFAULT_STORE, DONE, INTERRUPTED, Store
-from ..variants.artifact import META_FILE, artifact_problem, read_variant_json
+from ..variants.artifact import META_FILE, artifact_problem
 from ..variants.build import calibration_digest
 from .analysis import Comparison, analyse
 from .backend_kinds import backend_kind
@@ -396,6 +396,9 @@ def slower_than_baseline(comparison: Comparison) -> list[str]:
 def mismatch(plan: Plan, v: PlannedVariant, artifact: Path) -> str | None:
     """Why the artifact in `artifact` is not v's, as planned (None: it is, its content hashes verified)."""
     d = v.definition
+    own = backend_kind(d.backend).artifact_problem
+    if own is not None:
+        return own(artifact, d, v.source, plan)
     return artifact_problem(artifact, d.recipe, d.options, v.source, _device_type(plan.suite.device),
                             attention=d.attention, attention_options=d.attention_options,
                             calibration_sha256=calibration_digest(plan.calibration_texts),
@@ -414,7 +417,7 @@ def reused_artifact(plan: Plan, v: PlannedVariant,
     problem = mismatch(plan, v, c)
     if problem is not None:
         return None, (f"{c}: {problem}",)
-    meta = read_variant_json(c)
+    meta = json.loads((c / META_FILE).read_text(encoding="utf-8"))   # checked by mismatch: any backend's
     return BuildRecord(variant=v.name, status="ok", artifact_dir=str(c.resolve()), reused=True,
                        facts=meta.get("facts"), bytes_on_disk=meta["weights"]["bytes_on_disk"],
                        timings=meta.get("build", {})), ()

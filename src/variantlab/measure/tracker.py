@@ -113,6 +113,11 @@ NOT_MEASURED = "not measured"
 """A tracker result's error that starts with this is a row the backend cannot give, not a failure."""
 
 
+class NotMeasured(Exception):
+    """Raised by a tracker's run when this backend (or endpoint) cannot give its rows: the worker records
+    `not measured for this backend: <the message>` (NOT_MEASURED), not a failure."""
+
+
 class TrackerBase:
     """The seam's defaults: measured every round, no comparison with the baseline, no warnings, and the
     variant's model needed in this process (an endpoint variant's measurement skips the tracker and says
@@ -120,6 +125,7 @@ class TrackerBase:
 
     once = False
     needs_local_model = True
+    needs_torch_model = False    # reads our torch modules (not measured for a model another runtime runs)
     remote_reason = "it needs the model in the measuring process"
 
     def compare(self, base, variant, blobs) -> dict:

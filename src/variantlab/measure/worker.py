@@ -73,7 +73,8 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         opened = kind.open(job, t_start)
         host = Host(opened.backend, opened.built, job.samples, opened.device, opened.cold, opened.baseline_bytes)
         with opened.context():
-            results, scenarios = run_trackers(host, job, remote=not kind.local_model)
+            results, scenarios = run_trackers(host, job, remote=not kind.local_model,
+                                              runtime=None if kind.torch_model else kind.runtime)
         progress("done", 1.0)
         reason = every_scenario_failed(results, scenarios)
         return (MeasurementRecord(variant=name, round=job.round, status="failed" if reason else "ok",
@@ -90,16 +91,18 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
             opened.close()
 
 
-def run_trackers(host, job: MeasureJob, *, remote: bool = False) -> tuple[list[TrackerResult], list[str]]:
+def run_trackers(host, job: MeasureJob, *, remote: bool = False,
+                 runtime: str | None = None) -> tuple[list[TrackerResult], list[str]]:
     """Every tracker of the job on `host`, the one loop for every backend: (results, the scenarios' names).
 
     A tracker that raises (a scenario, a once-per-variant check) is that tracker's error: the round's other
     trackers, finished or still to run, keep their results, and its rows say why; non-finite logits fail the
     whole measurement (NonFiniteLogits). `remote` (an endpoint): a tracker that needs the model in this
-    process says why it was not measured instead of running."""
+    process says why it was not measured instead of running; so does one that reads our torch modules where the
+    model runs on another `runtime` (llama.cpp)."""
     from ..backends.base import NonFiniteLogits
     from .scenarios.common import Scenario
-    from .tracker import NOT_MEASURED
+    from .tracker import NOT_MEASURED, NotMeasured
     from .trackers import tracker_from_config
     results, scenarios = [], []
     for tj in job.trackers:
@@ -110,6 +113,11 @@ def run_trackers(host, job: MeasureJob, *, remote: bool = False) -> tuple[list[T
             results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={},
                                          error=f"{NOT_MEASURED} for an endpoint: {tracker.remote_reason}"))
             continue
+        if runtime is not None and tracker.needs_torch_model:
+            results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={},
+                                         error=f"{NOT_MEASURED} on {runtime}: it reads our torch modules "
+                                               f"({tracker.remote_reason})"))
+            continue
         if isinstance(tracker, Scenario):
             scenarios.append(tracker.name)
         try:
@@ -119,6 +127,11 @@ def run_trackers(host, job: MeasureJob, *, remote: bool = False) -> tuple[list[T
                 raise NonFiniteLogits(nonfinite)
         except NonFiniteLogits:
             raise          # garbage answers: the whole measurement failed, with where
+        except NotMeasured as e:   # a row this backend cannot give: said in one line, not a failure
+            who = "an endpoint" if remote else "this backend"
+            results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={},
+                                         error=f"{NOT_MEASURED} for {who}: {' '.join(str(e).split())}"))
+            continue
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             results.append(TrackerResult(kind=tracker.kind, name=tracker.name, data={}, error=failure_reason(e)))

@@ -14,6 +14,13 @@ disconnects is cancelled however its response ends: its row is freed at the engi
 requests handed to the engine and not yet answered are counted (serve/admission.py, `app.state.admission`):
 /health reports them as `in_flight`, and the listener drains them on shutdown (serve/listener.py).
 
+Prompt scoring: a completion with `echo: true`, `logprobs: K` (0 … 20) and `max_tokens` 0 or 1, not streamed
+(OpenAI's legacy form, what lm-eval-harness and our own endpoint backend send), is answered with the prompt
+echoed and `choices[0].logprobs` for its tokens: each token's text (backends/token_texts.py: decoded alone,
+"<s>" spelled out), its log-probability given those before it (null for the first), its top K by text (ids
+that read alike merged, their probabilities summed) and its text offset; with max_tokens 1, the generated
+token's too. The engine computes it (serve/scoring.py); any other echo, or logprobs without echo, is refused.
+
 Prompts: a completion's `prompt` is encoded as the bench engine encodes it (BOS included); a chat's
 messages go through the tokenizer's chat template when it has one, else their texts are joined with
 newlines (the reference model has no template: a user message whose content is the prompt is that
@@ -27,6 +34,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -36,14 +44,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from ..backends.base import FINISH_LENGTH
+from ..backends.token_texts import token_texts
 from .admission import Admission
 from .body import parse_body
 from .detok import TextStream
 from .engine import FINISH_ERROR, QueueFull, ServeRequest, ShuttingDown, StreamEvent
 from .metrics import CONTENT_TYPE
 from .protocol import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk,
-                       completion_body, completion_chunk, new_id, usage_chunk)
+                       completion_body, completion_chunk, logprobs_body, new_id, scoring_body, usage_chunk)
 from .sampling import GREEDY_BELOW, SamplingParams
+from .scoring import PromptScores, ScoreRequest
 
 AUTO_MODELS = ("auto", "variantlab", "")
 log = logging.getLogger("variantlab.serve")
@@ -105,6 +115,9 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
         if len(body.prompt) > limits.max_prompt_chars:
             raise ApiError(400, f"the prompt is longer than {limits.max_prompt_chars} characters", param="prompt")
         ids = tuple(text.encode(body.prompt))
+        k = body.scoring_top_k()
+        if k is not None:
+            return await _score(request, body, ids, k)
         return await _generate(request, body, ids, "prompt", DEFAULT_MAX_TOKENS, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -119,9 +132,39 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
             body.max_tokens = body.max_completion_tokens
         return await _generate(request, body, ids, "messages", None, chat=True)
 
+    async def _score(request: Request, body: CompletionRequest, ids: tuple[int, ...], k: int):
+        body.refuse_unsupported(scoring=True)
+        variant = _variant(engine, body.model)
+        lane = engine.lanes[variant or next(iter(engine.lanes))]
+        if len(ids) + body.max_tokens > lane.max_len:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens (+ max_tokens {body.max_tokens}); this server's "
+                                f"context is {lane.max_len}", param="prompt", code="context_length_exceeded")
+        rid = new_id("cmpl")
+        temperature = body.temperature if body.temperature >= GREEDY_BELOW else 0.0
+        req = ScoreRequest(rid, ids, k, variant, body.max_tokens, SamplingParams(temperature, body.top_p, body.seed))
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[PromptScores] = loop.create_future()
+
+        def sink(answer: PromptScores) -> None:     # from the engine's (or the router's reader) thread
+            loop.call_soon_threadsafe(lambda: answered.done() or answered.set_result(answer))
+
+        _submitted(lambda: _admitted(admission, lambda: engine.score(req, sink)), "prompt")
+        try:
+            answer = await _answered(request, answered)
+        finally:
+            admission.leave()
+        if answer is None:
+            return Response(status_code=499)        # the client has gone
+        if answer.error:
+            raise ApiError(500, f"prompt scoring failed: {answer.error}", "server_error")
+        return _scored(rid, body.prompt, answer, text)
+
     async def _generate(request: Request, body, ids: tuple[int, ...], prompt_field: str, default_max: int | None,
                         chat: bool):
         body.refuse_unsupported()
+        if body.max_tokens == 0:
+            raise ApiError(400, "max_tokens must be at least 1 (0 is for prompt scoring only: echo with logprobs)",
+                           param="max_tokens")
         variant = _variant(engine, body.model)
         lane = engine.lanes[variant or next(iter(engine.lanes))]
         room = lane.max_len - len(ids)
@@ -144,20 +187,8 @@ def create_app(engine, text, *, api_key: str | None = None, limits: ServerLimits
                            SamplingParams(temperature, body.top_p, body.seed), variant)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
-        try:
-            admission.enter()
-            try:
-                engine.submit(req, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
-            except BaseException:
-                admission.leave()
-                raise
-        except QueueFull as e:
-            raise ApiError(429, f"the server is busy: {e}", "rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(int(round(e.retry_after_s)))}) from None
-        except ShuttingDown as e:
-            raise ApiError(503, str(e), "server_error", code="shutting_down", headers={"Connection": "close"}) from None
-        except ValueError as e:
-            raise ApiError(400, str(e), param=prompt_field) from None
+        _submitted(lambda: _admitted(admission, lambda: engine.submit(
+            req, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))), prompt_field)
         stream = TextStream(text.decode, body.stop)
         ended = _Ended()
 
@@ -249,6 +280,62 @@ class _EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_exit()
+
+
+def _admitted(admission: Admission, submit) -> None:
+    """Count the request in (ShuttingDown once the gate has closed), then hand it over; out again if refused."""
+    admission.enter()
+    try:
+        submit()
+    except BaseException:
+        admission.leave()
+        raise
+
+
+def _submitted(submit, prompt_field: str) -> None:
+    """Run `submit` (a request handed to the engine); its refusals as ApiErrors (429, 503, 400)."""
+    try:
+        submit()
+    except QueueFull as e:
+        raise ApiError(429, f"the server is busy: {e}", "rate_limit_error", code="queue_full",
+                       headers={"Retry-After": str(int(round(e.retry_after_s)))}) from None
+    except ShuttingDown as e:
+        raise ApiError(503, str(e), "server_error", code="shutting_down", headers={"Connection": "close"}) from None
+    except ValueError as e:
+        raise ApiError(400, str(e), param=prompt_field) from None
+
+
+async def _answered(request: Request, answered: asyncio.Future):
+    """The scoring's answer; None when the client has gone away first."""
+    while True:
+        try:
+            return await asyncio.wait_for(asyncio.shield(answered), timeout=0.25)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                return None
+
+
+def _scored(rid: str, prompt: str, answer: PromptScores, text) -> dict:
+    """The completion body of a prompt scoring: the prompt echoed (and the generated token), with logprobs."""
+    tok = text.tokenizer
+    ids = list(answer.prompt_ids) + list(answer.generated)
+    top_ids = sorted({i for position in answer.top for i, _ in position})
+    names = dict(zip(top_ids, token_texts(tok, top_ids)))
+    tops = [None] + [_by_text(position, names) for position in answer.top]
+    logprobs = logprobs_body(token_texts(tok, ids), [None, *answer.logprobs], tops,
+                             special_first=ids[0] in tok.all_special_ids)
+    echoed = prompt + (text.decode(answer.generated) if answer.generated else "")
+    return scoring_body(rid, answer.variant, echoed, "length", logprobs, len(answer.prompt_ids),
+                        len(answer.generated))
+
+
+def _by_text(position, names: dict) -> dict[str, float]:
+    """(id, logprob) pairs → token text → logprob, ids that read alike merged (their probabilities summed)."""
+    out: dict[str, float] = {}
+    for i, lp in position:
+        name = names[i]
+        out[name] = lp if name not in out else max(out[name], lp) + math.log1p(math.exp(-abs(out[name] - lp)))
+    return out
 
 
 def _variant(engine, model: str | None) -> str | None:

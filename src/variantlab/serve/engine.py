@@ -11,6 +11,10 @@ with every `StreamEvent` of that request (a token, then its finish). One iterati
    tokens are emitted then: TTFT);
 4. one decode step in each lane with running rows; emit each token; free the rows that finished.
 
+A prompt-scoring request (`score`: OpenAI's echo + logprobs, serve/scoring.py) is one forward over its
+prompt, run on this thread at the start of the next iteration, before the admissions: it holds no row
+and no KV cache, and its one answer (PromptScores) goes to its sink.
+
 It sleeps only when there is nothing to run, until a request arrives or the policy's deadline (a
 static batch's wait) passes. Stop rules are the bench engine's (backends/stopping.py): EOS, stop
 strings, max_new_tokens; a request's greedy output is the same alone and inside any batch
@@ -32,6 +36,7 @@ from .lane import Lane, Row
 from .metrics import ServeMetrics
 from .policies import LaneView, LoadView, Policy, SinglePolicy
 from .sampling import SamplingParams
+from .scoring import PromptScores, ScoreRequest, score_prompt
 from .shedding import RETRY_AFTER_S, refusal
 
 log = logging.getLogger("variantlab.serve")
@@ -123,6 +128,7 @@ class ServeEngine:
         self._cancel: collections.deque = collections.deque()
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._running: dict[str, _Running] = {}
+        self._scores: collections.deque[tuple[ScoreRequest, Callable]] = collections.deque()   # prompt scoring
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -152,11 +158,7 @@ class ServeEngine:
         if not request.prompt_ids:
             raise ValueError("the prompt has no tokens")
         with self._wake:
-            if self._stopping:
-                raise ShuttingDown()
-            if self.queue_length() >= self.max_queue:
-                self.metrics.rejected.inc()
-                raise QueueFull(self._retry_after())
+            self._check_open()
             now = self.clock()
             late = refusal(self.oldest_wait(now), getattr(self.policy, "ttft_slo_s", None)) if self.sheds else None
             if late is not None:                     # a policy that keeps a TTFT SLO sheds load (serve/shedding.py)
@@ -166,6 +168,29 @@ class ServeEngine:
             self._inbox.append(_Waiting(request, sink, now))
             self._wake.notify()
 
+    def _check_open(self) -> None:
+        """Under the lock: ShuttingDown once stopped, QueueFull when max_queue requests wait."""
+        if self._stopping:
+            raise ShuttingDown()
+        if self.queue_length() >= self.max_queue:
+            self.metrics.rejected.inc()
+            raise QueueFull(self._retry_after())
+
+    def score(self, request: ScoreRequest, sink: Callable[[PromptScores], None]) -> None:
+        """Queue a prompt scoring (module doc); its PromptScores goes to `sink` from the engine thread.
+        ValueError for a variant this engine does not hold or a prompt longer than its lane allows;
+        QueueFull and ShuttingDown as for submit."""
+        if request.variant is not None and request.variant not in self.lanes:
+            raise ValueError(f"unknown variant {request.variant!r} (served: {', '.join(self.lanes)})")
+        lane = self.lanes[request.variant or next(iter(self.lanes))]
+        if not request.prompt_ids or len(request.prompt_ids) + request.generate > lane.max_len:
+            raise ValueError(f"the prompt ({len(request.prompt_ids)} tokens) does not fit the served context of "
+                             f"{lane.max_len} tokens")
+        with self._wake:
+            self._check_open()
+            self._scores.append((request, sink))
+            self._wake.notify()
+
     def cancel(self, request_id: str) -> None:
         """The client went away: its row is freed at the next step (no further events)."""
         with self._wake:
@@ -173,7 +198,7 @@ class ServeEngine:
             self._wake.notify()
 
     def queue_length(self) -> int:
-        return len(self._inbox) + len(self._waiting)
+        return len(self._inbox) + len(self._waiting) + len(self._scores)
 
     def running(self) -> int:
         return len(self._running)
@@ -233,14 +258,16 @@ class ServeEngine:
             self._drop(self._cancel.popleft())
 
     def _has_work(self) -> bool:
-        return bool(self._waiting) or any(lane.busy for lane in self.lanes.values())
+        return bool(self._waiting) or bool(self._scores) or any(lane.busy for lane in self.lanes.values())
 
     def _idle_timeout(self) -> float | None:
         deadline = self.policy.deadline(self._view()) if self._waiting else None
         return None if deadline is None else max(0.0, deadline - self.clock())
 
     def iterate(self) -> None:
-        """One iteration: admit, one prefill chunk per lane, one decode step per lane (module doc)."""
+        """One iteration: the prompt scorings queued, admit, one prefill chunk per lane, one decode step per
+        lane (module doc)."""
+        self._score_queued()
         budget = self._admit()
         for name, lane in self.lanes.items():
             if lane.group is not None:
@@ -406,6 +433,25 @@ class ServeEngine:
             return
         self._finish(run, FINISH_CANCELLED)
 
+    def _score_queued(self) -> None:
+        """Run the prompt scorings queued so far, each answered to its sink (a failure is its answer's error)."""
+        for _ in range(len(self._scores)):
+            request, sink = self._scores.popleft()
+            name = request.variant or next(iter(self.lanes))
+            try:
+                answer = score_prompt(self.lanes[name].engine, request, name)
+            except Exception as e:  # noqa: BLE001 - a scoring that fails is that request's error, not the server's
+                log.exception("prompt scoring failed")
+                answer = PromptScores(request.request_id, name, error=f"{type(e).__name__}: {e}")
+            self._answer(sink, answer)
+
+    @staticmethod
+    def _answer(sink, answer: PromptScores) -> None:
+        try:
+            sink(answer)
+        except Exception:  # noqa: BLE001 - a gone client must not stop the engine
+            log.exception("a scoring request's sink raised")
+
     def _fail_all(self, message: str, reason: str = FINISH_ERROR, waiting_too: bool = True) -> None:
         """End every running request with an error event (a step raised: which request caused it is not
         known); the waiting ones too when the engine stops."""
@@ -415,6 +461,9 @@ class ServeEngine:
             self._deliver(run, StreamEvent(run.request.request_id, None, now, run.lane, reason, error=message))
         for lane in self.lanes.values():
             lane.clear()
+        while waiting_too and self._scores:
+            request, sink = self._scores.popleft()
+            self._answer(sink, PromptScores(request.request_id, request.variant or "", error=message))
         while waiting_too and self._waiting:
             w = self._waiting.popleft()
             try:

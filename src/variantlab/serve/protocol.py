@@ -3,7 +3,10 @@
 Only what the server implements is accepted with a meaning; fields a client library sends that do not
 change the output (user, presence_penalty 0, …) are ignored, as vLLM does, and fields that would change
 it and are not implemented (n > 1, logprobs, echo, best_of, a non-zero penalty, a content part that
-is not text) are refused with 400 naming the field, never silently dropped. A field left out takes
+is not text) are refused with 400 naming the field, never silently dropped. One exception: a completion
+that is OpenAI's legacy prompt scoring, `echo: true` with `logprobs: K` (0 … 20), `max_tokens` 0 or 1 and
+not streamed, is answered with the prompt's log-probabilities (`scoring_top_k`, serve/scoring.py); any other
+echo is refused. A field left out takes
 OpenAI's default, validated like a given one (`stop` is always a list). Text the model reads or the
 output is matched against (prompt, message contents, stop) must be Unicode: JSON can escape a lone
 surrogate ("\ud800"), which no tokenizer encodes, and it is refused with 400 like any bad field.
@@ -19,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_MAX_TOKENS = 16          # OpenAI's default for completions
 INT64 = (-(2**63), 2**63 - 1)    # a seed outside this cannot seed a torch.Generator
+TOPK_MAX = 20                    # prompt scoring: the most log-probabilities a position may ask for (vLLM's bound)
 # fields that would change the output, with the values that leave it as it is (compared by type too: True == 1)
 UNSUPPORTED_EXTRA = {"echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},), "tools": ([],),
                      "functions": ([],), "response_format": ({"type": "text"},)}
@@ -51,7 +55,7 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)    # 0 only for prompt scoring (app.py refuses it else)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     stop: str | list[str] | None = Field(None, validate_default=True)
@@ -73,9 +77,12 @@ class _Common(BaseModel):
             raise ValueError("a stop sequence must not be empty")
         return stops
 
-    def refuse_unsupported(self) -> None:
+    def refuse_unsupported(self, scoring: bool = False) -> None:
+        """ApiError 400 naming the first field that would change the output and is not implemented; `scoring`:
+        a prompt-scoring request, whose echo and logprobs were checked (CompletionRequest.scoring_top_k)."""
         # logprobs 0 still asks for the sampled tokens' log-probabilities: only null and false leave it out
-        for name, bad in (("n", self.n != 1), ("logprobs", self.logprobs is not None and self.logprobs is not False),
+        asks_logprobs = not scoring and self.logprobs is not None and self.logprobs is not False
+        for name, bad in (("n", self.n != 1), ("logprobs", asks_logprobs),
                           ("presence_penalty", self.presence_penalty != 0),
                           ("frequency_penalty", self.frequency_penalty != 0)):
             if bad:
@@ -84,6 +91,8 @@ class _Common(BaseModel):
         extra = self.model_extra or {}
         for name, neutral in UNSUPPORTED_EXTRA.items():
             value = extra.get(name)
+            if scoring and name == "echo":
+                continue
             if value is not None and not any(type(value) is type(v) and value == v for v in neutral):
                 raise ApiError(400, f"{name} is not supported by this server (accepted: {json.dumps(neutral[0])})",
                                param=name, code="unsupported_parameter")
@@ -104,6 +113,29 @@ class CompletionRequest(_Common):
                 raise ValueError("exactly one prompt per request (a list of one string is accepted)")
             v = v[0]
         return _unicode(v)
+
+
+    def scoring_top_k(self) -> int | None:
+        """K when this is a prompt-scoring request (`echo: true` with `logprobs`), None when `echo` is not
+        true (the other refusals then apply); ApiError 400 for an echo this server does not answer."""
+        if (self.model_extra or {}).get("echo") is not True:
+            return None
+        accepted = f"echo with logprobs 0 … {TOPK_MAX}, max_tokens 0 or 1, not streamed"
+        k = self.logprobs
+        if k is None or k is False:
+            raise ApiError(400, f"echo without logprobs is not supported: echo is for prompt scoring (accepted: "
+                                f"{accepted})", param="echo", code="unsupported_parameter")
+        if type(k) is not int or not 0 <= k <= TOPK_MAX:
+            raise ApiError(400, f"logprobs {json.dumps(k)} is not supported with echo (accepted: an integer 0 … "
+                                f"{TOPK_MAX})", param="logprobs", code="unsupported_parameter")
+        if self.max_tokens not in (0, 1):
+            raise ApiError(400, f"echo with max_tokens {json.dumps(self.max_tokens)} is not supported: echo is "
+                                f"for prompt scoring (accepted: {accepted})", param="max_tokens",
+                           code="unsupported_parameter")
+        if self.stream:
+            raise ApiError(400, f"a streamed echo is not supported (accepted: {accepted})", param="stream",
+                           code="unsupported_parameter")
+        return k
 
 
 class ChatMessage(BaseModel):
@@ -147,6 +179,24 @@ def completion_body(rid: str, model: str, text: str, finish: str | None, prompt_
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
             "usage": usage(prompt_tokens, n)}
+
+
+def logprobs_body(tokens: list[str], logprobs: list[float | None], top: list[dict | None],
+                  special_first: bool) -> dict:
+    """OpenAI's legacy `choices[0].logprobs`: each token's text, its log-probability (None for the first
+    prompt token, which nothing predicts), its top-K texts → log-probabilities, and where its text starts
+    in the choice's text (`special_first`: the first token, "<s>", covers none of it)."""
+    offsets, at = [], 0
+    for i, tok in enumerate(tokens):
+        offsets.append(at)
+        at += 0 if i == 0 and special_first else len(tok)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def scoring_body(rid: str, model: str, text: str, finish: str, logprobs: dict, prompt_tokens: int, n: int) -> dict:
+    body = completion_body(rid, model, text, finish, prompt_tokens, n)
+    body["choices"][0]["logprobs"] = logprobs
+    return body
 
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict:

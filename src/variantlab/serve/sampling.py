@@ -52,7 +52,9 @@ def nucleus_probs(logits: torch.Tensor, temperature: float, top_p: float) -> tor
         return probs
     sorted_p, order = torch.sort(probs, descending=True)
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p          # mass of the tokens ranked above each
-    sorted_p = torch.where(before < top_p, sorted_p, torch.zeros_like(sorted_p))
+    keep = before < top_p
+    keep[0] = True              # the first always: a top_p below float32's least (1e-300) would keep none, and NaN
+    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
     kept = torch.zeros_like(probs).scatter_(0, order, sorted_p)
     return kept / kept.sum()
 

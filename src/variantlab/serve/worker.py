@@ -7,8 +7,9 @@ Lane per variant and the spec's policy), measures each lane's decode step at eve
 ServeEngine. The builds run side by side, the measurements one worker at a time: a worker says `Built`
 and waits for `Calibrate`, so that no worker's step times carry another's start-up (two workers that
 calibrated while the other built differed by more than 25% on our 2 cores). Then it relays: down the
-pipe come `Submit`, `Cancel`, `MetricsQuery` and `Stop`; up go `Log`, `Built` and `Ready` (or `Failed`)
-while it starts, then every `StreamEvent` its engine emits (from the
+pipe come `Submit`, `Score` (a prompt scoring, serve/scoring.py), `Cancel`, `MetricsQuery` and `Stop`; up
+go `Log`, `Built` and `Ready` (or `Failed`) while it starts, then every `StreamEvent` and `PromptScores` its
+engine emits (from the
 engine thread, in order), a `Load` report whenever its load changes, and `MetricsReply`. Every record is
 a frozen dataclass; `Ready` carries `PROTOCOL`, checked by the router at the handshake.
 
@@ -30,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import VariantlabError
-from .engine import FINISH_ERROR, QueueFull, ServeRequest, StreamEvent
+from .engine import FINISH_ERROR, QueueFull, ServeRequest, ShuttingDown, StreamEvent
+from .scoring import PromptScores, ScoreRequest
 
-PROTOCOL = 2              # the records below; a worker speaking another version is refused at the handshake
+PROTOCOL = 3              # the records below; a worker speaking another version is refused at the handshake
 REPORT_S = 0.02           # a worker sends its load at most this often (and only when it changed)
 
 
@@ -54,6 +56,11 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class Submit:
     request: ServeRequest
+
+
+@dataclass(frozen=True)
+class Score:
+    request: ScoreRequest
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,11 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
                 except (QueueFull, ValueError) as e:   # the router bounds and checks first: rare
                     send(StreamEvent(msg.request.request_id, None, time.perf_counter(), msg.request.variant or "",
                                      FINISH_ERROR, error=str(e)))
+            elif isinstance(msg, Score):
+                try:
+                    engine.score(msg.request, sink)
+                except (QueueFull, ShuttingDown, ValueError) as e:   # the router checks first: rare
+                    send(PromptScores(msg.request.request_id, msg.request.variant or "", error=str(e)))
             elif isinstance(msg, Cancel):
                 engine.cancel(msg.request_id)
             elif isinstance(msg, MetricsQuery):

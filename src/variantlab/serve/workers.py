@@ -26,6 +26,8 @@ in place of one engine (it offers submit, cancel, queue_length, running, lanes, 
   noise alone would pile a burst onto one worker while another sits idle; a GPU beside a CPU differs
   by far more than the margin. A worker with `max_queue` requests in flight takes no more; when every
   candidate is full, QueueFull (429).
+- **Prompt scoring** (`score`: echo + logprobs, serve/scoring.py) is one forward: it goes to the live worker
+  holding its variant with the fewest outstanding tokens, and its one answer comes back as a PromptScores.
 - **Failure.** A worker whose pipe closes (crashed, killed) is taken out of routing; its requests in
   flight end with an error event (finish_reason "error", and which worker died with what exit code),
   and the others go on. `error` (what /health reads) is set only when no worker is left.
@@ -56,9 +58,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..errors import VariantlabError
 from .engine import FINISH_CANCELLED, FINISH_ERROR, QueueFull, ServeRequest, ShuttingDown, StreamEvent
 from .policy_kinds import policy_kind
+from .scoring import PromptScores, ScoreRequest
 from .shedding import RETRY_AFTER_S, refusal
-from .worker import (PROTOCOL, Built, Calibrate, Cancel, Failed, Load, Log, MetricsQuery, MetricsReply, Ready, Stop,
-                     Submit, WorkerSpec, worker_main)
+from .worker import (PROTOCOL, Built, Calibrate, Cancel, Failed, Load, Log, MetricsQuery, MetricsReply, Ready, Score,
+                     Stop, Submit, WorkerSpec, worker_main)
 
 log_ = logging.getLogger("variantlab.serve.workers")
 
@@ -139,6 +142,7 @@ class Router:
         self._log = log
         self.workers: list[Worker] = []
         self._flights: dict[str, _Flight] = {}
+        self._scorings: dict[str, tuple[Callable[[PromptScores], None], int]] = {}   # id → (sink, worker)
         self._served_by: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._stopping = False
@@ -233,6 +237,9 @@ class Router:
             w.alive = False
         with self._lock:
             left, self._flights = list(self._flights.values()), {}
+            scorings, self._scorings = dict(self._scorings), {}
+        for rid, (sink, _) in scorings.items():
+            _answer(sink, PromptScores(rid, "", error="the server is shutting down"))
         now = self.clock()
         for f in left:
             self._deliver(f, StreamEvent(f.request.request_id, None, now, f.variant, FINISH_CANCELLED,
@@ -257,15 +264,7 @@ class Router:
         if not request.prompt_ids:
             raise ValueError("the prompt has no tokens")
         with self._lock:
-            if self._stopping:
-                raise ShuttingDown()
-            live = [w for w in self.workers if w.alive]
-            if not live:
-                raise RuntimeError(self.error or "no serving worker is left")
-            able = [w for w in live if request.variant is None or w.holds(request.variant)]
-            if not able:
-                served = ", ".join(dict.fromkeys(n for w in live for n in w.ready.max_len))
-                raise ValueError(f"unknown variant {request.variant!r} (served: {served})")
+            able = self._able(request.variant)
             max_len = min(w.ready.max_len[request.variant or self._current(w)] for w in able)
             if len(request.prompt_ids) + request.max_new_tokens > max_len:
                 raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens "
@@ -289,6 +288,34 @@ class Router:
                 self._served_by.popitem(last=False)
         self.metrics.routed.labels(str(w.index)).inc()
         self._send(w, Submit(request))   # a worker that has just died: its reader fails the flight
+
+    def _able(self, variant: str | None) -> list:
+        """The live workers that hold `variant` (any, for None); called under the lock. ShuttingDown once
+        stopped, RuntimeError when no worker is left, ValueError for a variant none holds."""
+        if self._stopping:
+            raise ShuttingDown()
+        live = [w for w in self.workers if w.alive]
+        if not live:
+            raise RuntimeError(self.error or "no serving worker is left")
+        able = [w for w in live if variant is None or w.holds(variant)]
+        if not able:
+            served = ", ".join(dict.fromkeys(n for w in live for n in w.ready.max_len))
+            raise ValueError(f"unknown variant {variant!r} (served: {served})")
+        return able
+
+    def score(self, request: ScoreRequest, sink: Callable[[PromptScores], None]) -> None:
+        """Send a prompt scoring to the live worker holding its variant with the fewest outstanding tokens
+        (module doc); its PromptScores goes to `sink` from that worker's reader thread. ValueError,
+        ShuttingDown and RuntimeError as submit."""
+        with self._lock:
+            able = self._able(request.variant)
+            w = min(able, key=lambda w: (self._outstanding(w), w.index))
+            max_len = w.ready.max_len[request.variant or next(iter(w.ready.max_len))]
+            if not request.prompt_ids or len(request.prompt_ids) + request.generate > max_len:
+                raise ValueError(f"the prompt ({len(request.prompt_ids)} tokens) does not fit the served context "
+                                 f"of {max_len} tokens")
+            self._scorings[request.request_id] = (sink, w.index)
+        self._send(w, Score(request))   # a worker that has just died: its reader fails the scoring
 
     def cancel(self, request_id: str) -> None:
         """The client went away: forget the request here (no further events) and free its row there."""
@@ -363,6 +390,11 @@ class Router:
                 msg = w.conn.recv()
                 if isinstance(msg, StreamEvent):
                     self._on_event(msg)
+                elif isinstance(msg, PromptScores):
+                    with self._lock:
+                        waiting = self._scorings.pop(msg.request_id, None)
+                    if waiting is not None:
+                        _answer(waiting[0], msg)
                 elif isinstance(msg, Load):
                     w.load, w.load_at = msg, self.clock()
                     if msg.error and msg.error != w.last_error:
@@ -409,6 +441,9 @@ class Router:
             lost = [f for f in self._flights.values() if f.worker == w.index]
             for f in lost:
                 del self._flights[f.request.request_id]
+            scorings = {rid: sink for rid, (sink, i) in self._scorings.items() if i == w.index}
+            for rid in scorings:
+                del self._scorings[rid]
             left = sum(1 for x in self.workers if x.alive)
         if self._stopping:
             reason, message = FINISH_CANCELLED, "the server is shutting down"
@@ -424,6 +459,8 @@ class Router:
         for f in lost:
             self._deliver(f, StreamEvent(f.request.request_id, None, now, f.variant or f.request.variant or "",
                                          reason, error=message))
+        for rid, sink in scorings.items():
+            _answer(sink, PromptScores(rid, "", error=message))
 
     def worker_expositions(self, timeout_s: float = METRICS_TIMEOUT_S) -> dict[int, bytes]:
         """worker → its Prometheus text, asked for now (a worker that does not answer in time: its last)."""
@@ -464,6 +501,13 @@ def routing_costs(workers: list[Worker]) -> list[dict[str, dict[int, float]]]:
         for b in sorted(curve):
             top = curve[b] = max(top, curve[b])
     return [{v: pooled[key(w, v)] for v in w.ready.costs} for w in workers]
+
+
+def _answer(sink: Callable[[PromptScores], None], answer: PromptScores) -> None:
+    try:
+        sink(answer)
+    except Exception:  # noqa: BLE001 - a sink that fails is a client gone; the others go on
+        log_.exception("a scoring request's sink raised")
 
 
 def _step_s(seconds: dict[int, float], batch: int) -> float:

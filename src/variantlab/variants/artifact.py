@@ -42,6 +42,7 @@ import struct
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import ModelLoadError, RecipeError
 from .artifact_content import content_problem, sealed, shape_problem
@@ -125,10 +126,7 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
     tensors, aliases = _unique_tensors(state)
     buffers = {name: str(b.dtype).removeprefix("torch.") for name, b in _non_persistent_buffers(model)}
 
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with folder_written(out_dir) as tmp:
         write_safetensors(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt", "variantlab": FORMAT})
         model.config.save_pretrained(tmp)  # config.json only
         remote = remote_code_files(model, source)
@@ -161,10 +159,6 @@ def save_artifact(model, tokenizer, facts, recipe_name: str, options, source_mod
         }
         meta = sealed(meta, tmp, besides=META_FILE)   # every file is written: hash them and this description
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return meta
 
 
@@ -270,6 +264,21 @@ def _check_rebuildable(model, state: dict, modules: dict, load_dtype: str, attn:
         if r is None or r.is_meta or not torch.equal(r.to(b.dtype), b.detach().cpu()):
             raise RecipeError(f"cannot save this variant as an artifact: buffer '{name}' is not saved with the "
                               "weights and the config does not give it back as the variant holds it")
+
+
+@contextlib.contextmanager
+def folder_written(out_dir: Path) -> Iterator[Path]:
+    """A folder beside `out_dir` to write into, renamed over it when the block ends and removed when it raises:
+    a failed write never leaves a half artifact that looks whole."""
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _replace_dir(tmp, out_dir)
 
 
 def _replace_dir(tmp: Path, out_dir: Path) -> None:

@@ -52,7 +52,8 @@ class BackendKind:
     config: Callable[[Any], dict] = lambda spec: {}      # what its jobs carry of the suite entry
     builds: bool = True                           # built from the checkpoint into an artifact (a build job)
     build: Callable[[Any], Any] | None = None     # BuildJob → (BuildRecord, blobs), in the worker (builds only)
-    local_model: bool = True                      # its model runs in the measuring process: every tracker runs
+    local_model: bool = True                      # its model runs in the measuring process (else the trackers
+                                                  # that need it say why they are not measured)
     our_kernels: bool = False                     # runs variantlab's CPU kernels: built once, before any worker
     serves: bool = False                          # `variantlab serve` can host it (our engine's batched lanes)
     label: str = ""                               # how a variant that builds nothing is shown ("endpoint")
@@ -61,6 +62,11 @@ class BackendKind:
     # VariantlabError naming what is wrong. None: a building backend's variant is planned from the checkpoint
     # by its recipe (measure/plan.py), one that builds nothing as its name and `config`.
     plan: Callable[[Any, Path, str, str], Any] | None = None
+    # (artifact folder, VariantDefinition, checkpoint, Plan) → why that artifact is not this variant's, or None
+    # (reuse and resume check it). None: a torch artifact's check (variants/artifact.artifact_problem).
+    artifact_problem: Callable[[Path, Any, Path, Any], str | None] | None = None
+    torch_model: bool = True                      # its model is our torch modules: trackers that read them run
+    runtime: str = "torch"                        # what the table says the variant runs on
 
     def plan_variant(self, spec, base_dir: Path, file: str, field: str):
         """The variant's definition where this backend plans it (its `plan` hook, or a backend that builds

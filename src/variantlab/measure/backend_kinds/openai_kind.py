@@ -40,4 +40,4 @@ def open_endpoint(job, t_start: float) -> Opened:
 OPENAI = BackendKind("openai", "an OpenAI-compatible endpoint at base_url, measured as it serves", open_endpoint,
                      fields=FIELDS, refusal="an endpoint is measured as it serves", check=check_openai,
                      config=endpoint_config, builds=False, local_model=False, label="endpoint",
-                     describe=describe_endpoint)
+                     describe=describe_endpoint, runtime="endpoint")

@@ -188,9 +188,13 @@ def decode_bytes(ctx) -> dict:
     """What a decode step of the host's variant reads, and this process's read bandwidth, measured now
     (the fields of ScenarioOutput); {} where the host has no model (a remote backend)."""
     built = getattr(ctx, "built", None)
-    if built is None or getattr(built, "model", None) is None:
+    if built is None:
         return {}
     from ...hardware import read_bandwidth
+    if getattr(built, "model", None) is None:     # another runtime's model: what its build counted, if anything
+        counted = built.facts.extra.get("decode_weight_bytes")
+        return {} if counted is None else {"weight_bytes_per_token": counted, "kv_bytes_per_position": None,
+                                           "read_gbps": read_bandwidth()}
     from ...variants.recipe import decode_weight_bytes
     attn = getattr(built.facts, "attention", None)
     return {"weight_bytes_per_token": decode_weight_bytes(built.model),

@@ -30,10 +30,12 @@ def workload_settings(suite) -> WorkloadSettings:
     return WorkloadSettings(w.max_new_tokens, tuple(w.stop), suite.requirements.slo.model_dump())
 
 
-def standard_trackers(suite, n_samples: int, position_limit: tuple[int, str] | None = None) -> list:
+def standard_trackers(suite, n_samples: int, position_limit: tuple[int, str] | None = None,
+                      endpoint: bool = False) -> list:
     """The trackers a bench measurement runs, in order (`n_samples`: the dataset's size, as loaded;
     `position_limit`: (positions, why) of the smallest learned position table among the variants' models,
-    which caps the attention-error check's lengths)."""
+    which caps the attention-error check's lengths; `endpoint`: a variant is measured through an endpoint,
+    so the local variants' scoring carries the token texts its top-k log-probabilities are matched by)."""
     w = suite.workload
     settings = workload_settings(suite)
     lengths = sorted({n for s in w.scenarios for n in s.context_lengths()}) or list(DEFAULT_LENGTHS)
@@ -43,5 +45,5 @@ def standard_trackers(suite, n_samples: int, position_limit: tuple[int, str] | N
         graded = n_samples if w.accuracy.graded is None else min(w.accuracy.graded, n_samples)
         trackers.append(Grading(graded, w.accuracy.batch_size, settings))
     if w.accuracy.samples:
-        trackers.append(Scoring(min(w.accuracy.samples, n_samples)))
+        trackers.append(Scoring(min(w.accuracy.samples, n_samples), token_texts=endpoint))
     return trackers

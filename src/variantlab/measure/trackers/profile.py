@@ -104,7 +104,7 @@ class Profile(TrackerBase):
         from ...explain.roofline import model_shape
         from ...variants.recipe import decode_weight_bytes
 
-        engine, model = ctx.backend, ctx.built.model
+        engine, model = ctx.backend, getattr(ctx.built, "model", None)   # None: another runtime's (llama.cpp)
         out = []
         for i, w in enumerate(self.workloads):
             ctx.progress(f"profiling {w.scenario}", i / len(self.workloads))
@@ -129,9 +129,11 @@ class Profile(TrackerBase):
                 phases=phases, counters=Counters(reason=reading.reason, counts=dict(reading.counts),
                                                  tokens=len(prompts) * self.max_new_tokens)))
             marked = got["marked_modules"]
-        shape = model_shape(model, decode_weight_bytes(model))
-        ceilings, _ = cached_ceilings(ctx.device)
         facts = ctx.built.facts
-        return ProfileOutput(device=ctx.device, recipe=facts.recipe, dtype=facts.dtype, ceilings=ceilings.to_json(), compiled=engine._decode != engine._forward,
-                             marked_modules=marked if out else 0, shape=dataclasses.asdict(shape),
+        shape = (dataclasses.asdict(model_shape(model, decode_weight_bytes(model))) if model is not None
+                 else facts.extra["shape"])      # what the other runtime's build read of its file
+        ceilings, _ = cached_ceilings(ctx.device)
+        compiled = getattr(engine, "_decode", None) != getattr(engine, "_forward", None)
+        return ProfileOutput(device=ctx.device, recipe=facts.recipe, dtype=facts.dtype, ceilings=ceilings.to_json(),
+                             compiled=compiled, marked_modules=marked if out else 0, shape=shape,
                              kernels=tuple(ctx.built.facts.kernels), workloads=tuple(out))

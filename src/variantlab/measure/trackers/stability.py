@@ -44,6 +44,7 @@ class Stability(TrackerBase):
     capped: str | None = None       # why the lengths stop short of the workload's (the row's note)
     kind = "stability"
     remote_reason = "the attention-error check needs the model's attention modules"
+    needs_torch_model = True
     name = "stability"
     once = True
     output_model = StabilityOutput
