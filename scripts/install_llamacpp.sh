@@ -42,8 +42,10 @@ if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   rm -rf "$WHEELS" && mv "$WHEELS.partial" "$WHEELS"
 fi
 "$PY" -m pip install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
-# the extra's other packages: diskcache (llama_cpp imports it), jinja2 (its chat formats), the converter's
-"$PY" -m pip install -q "diskcache>=5.6" "jinja2>=2.11" "tqdm>=4.27" "requests>=2.25" "sentencepiece>=0.2"
+# the extra's other packages: diskcache (llama_cpp imports it), jinja2 (its chat formats), the converter's,
+# and what llama-cpp-python's own OpenAI server needs (`python -m llama_cpp.server`)
+"$PY" -m pip install -q "diskcache>=5.6" "jinja2>=2.11" "tqdm>=4.27" "requests>=2.25" "sentencepiece>=0.2" \
+  "sse-starlette>=2" "starlette-context>=0.3"
 
 SRC="$CACHE/src-$VERSION"
 if [ ! -f "$SRC/convert_hf_to_gguf.py" ]; then

@@ -183,8 +183,8 @@ class OpenAIBackend:
 
 
 def prompt_topk(text: str, body: dict, generated: int) -> TopkScoredText:
-    """The prompt's scoring from a completion answered with echo and logprobs: the first `generated` tokens
-    after the prompt's are dropped (usage's prompt_tokens says where the prompt ends, when it is sent)."""
+    """The prompt's scoring from a completion answered with echo and logprobs: the tokens generated after the
+    prompt's (usage's completion_tokens, else `generated`) are dropped."""
     try:
         lp = body["choices"][0].get("logprobs") or {}
     except (KeyError, IndexError, TypeError, AttributeError):
@@ -193,7 +193,10 @@ def prompt_topk(text: str, body: dict, generated: int) -> TopkScoredText:
     if not tokens or values is None or tops is None:
         raise TopkUnavailable("the endpoint answered without prompt log-probabilities (choices[0].logprobs is "
                               "empty: it ignores echo or logprobs)")
-    n = (body.get("usage") or {}).get("prompt_tokens") or len(tokens) - generated
+    # the generated tokens close the list: usage's completion_tokens says how many (llama-cpp-python's server
+    # takes max_tokens 0 as "no limit"); its prompt_tokens cannot place the cut, since a server may leave the
+    # BOS it counts out of the list (llama-cpp-python's does)
+    n = len(tokens) - ((body.get("usage") or {}).get("completion_tokens") or generated)
     tokens, values, tops = tokens[:n], values[:n], tops[:n]
     if len(values) != len(tokens) or len(tops) != len(tokens) or any(v is None for v in values[1:]):
         raise TopkUnavailable(f"the endpoint's prompt log-probabilities are incomplete ({len(tokens)} tokens, "

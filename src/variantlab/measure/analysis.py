@@ -385,7 +385,8 @@ def _builds(builds, data) -> dict[str, BuildSummary]:
             kernels=(v.kernels if v and v.kernels else None) or (facts.kernels if facts else ()),
             notes=(v.notes if v and v.notes else None) or (facts.notes if facts else ()),
             build_s=b.timings.get("build_s"), reused=b.reused, not_reused=tuple(b.not_reused),
-            artifact=artifact_line(b), device=v.device if v else None)
+            artifact=artifact_line(b), device=v.device if v else None,
+            runtime=facts.extra.get("runtime", "torch") if facts else None)
     return out
 
 

@@ -21,3 +21,4 @@ class BuildSummary(Payload):
     not_reused: tuple[str, ...] = ()   # artifacts looked at and why they did not match
     artifact: str | None = None        # where its artifact came from, in words (artifact_line)
     device: str | None = None
+    runtime: str | None = None         # what it ran on: torch (our engine), llama.cpp, endpoint

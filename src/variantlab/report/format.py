@@ -106,8 +106,15 @@ def delta_columns(c: Comparison) -> list[str]:
     return [v for v in c.variants if v != c.baseline]
 
 
+def column_name(c: Comparison, v: str) -> str:
+    """A variant's column heading: its name, "(baseline)", and its runtime when the table mixes runtimes."""
+    runtimes = {v: b.runtime for v, b in c.builds.items() if b.runtime}
+    mixed = len(set(runtimes.values())) > 1
+    return v + (" (baseline)" if v == c.baseline else "") + (f" [{runtimes[v]}]" if mixed and v in runtimes else "")
+
+
 def header(c: Comparison) -> list[str]:
-    cols = ["Metric"] + [f"{v} (baseline)" if v == c.baseline else v for v in c.variants]
+    cols = ["Metric"] + [column_name(c, v) for v in c.variants]
     others = delta_columns(c)
     cols += ["Delta" if len(others) == 1 else f"Δ {v}" for v in others]
     return cols

@@ -23,7 +23,7 @@ def endpoint_config(spec) -> dict:
 def describe_endpoint(config: dict) -> dict:
     return {"recipe": "endpoint", "dtype": None, "kernels": [f"served by {config['base_url']}"],
             "notes": [f"backend: openai, model {config.get('model') or 'auto'}: only what the endpoint exposes is "
-                      "measured"]}
+                      "measured"], "extra": {"runtime": "endpoint"}}
 
 
 def open_endpoint(job, t_start: float) -> Opened:
