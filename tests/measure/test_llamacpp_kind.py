@@ -84,7 +84,11 @@ def test_gguf_variants_built_and_given_share_one_table_with_torch(tmp_path):
     assert kld["f32"]["value"] < 1e-4 < kld["q4"]["value"] < 1e-2, kld
     assert rows["grading.accuracy_retention"]["f32"]["value"] == 1.0
     assert rows["facts.model_size"]["q4"]["value"] < rows["facts.model_size"]["f32"]["value"] / 4
-    assert rows["cold_start.total"]["q4"]["value"] > 0 and rows["memory.peak"]["q4"]["value"] > 0
+    assert rows["cold_start.total"]["q4"]["value"] > 0
+    # a 0.7 MiB GGUF's peak above the post-import baseline: its mapped weights, a KV cache, llama.cpp's compute
+    # buffers; not the 128 MiB buffer of the read-bandwidth probe (it runs after the memory tracker)
+    assert 0 < rows["memory.peak"]["q4"]["value"] < 64 * 2**20
+    assert rows["single-stream.decode_of_read_bandwidth"]["q4"]["value"] > 0
     assert "not measured on llama.cpp" in rows["stability.attention_error"]["q4"]["problem"]
     assert rows["single-stream.decode_gbps"]["q4"]["value"] > 0      # bytes a token reads, from the GGUF's tensors
     # explain: llama_decode's time as one category, the GGUF on the roofline

@@ -48,6 +48,9 @@ def test_a_measurement_hosts_every_tracker_and_its_record_validates(artifact):
     assert [o.name for o in record.outputs] == [t.name for t in TRACKERS]
     assert record.round == 1 and record.ran_once and record.device == "cpu"
     assert any("_weight_int8pack_mm" in k for k in record.kernels)
+    # the read-bandwidth probe ran after every tracker (its buffer is not in the memory peak), into the scenario
+    single = record.output("single-stream").data
+    assert single["read_gbps"] > 0 and single["weight_bytes_per_token"] > 0
     scoring = record.output("scoring").data
     assert set(blobs) == {scoring["logprobs_blob"]} == set(record.blobs)
     again, again_blobs = decode_result(encode_result(record, blobs), job_trackers(job))

@@ -44,12 +44,12 @@ def gguf_f32(tmp_path_factory):
     return out / "model.gguf"
 
 
-@pytest.fixture(scope="module")
-def llama_server(gguf_f32, tmp_path_factory):
+def start_server(gguf, folder, *flags):
+    """`python -m llama_cpp.server` on a free loopback port; (process, its base URL) once it answers."""
     port = free_port()
-    log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_f32), "--host", "127.0.0.1",
-                             "--port", str(port), "--n_threads", "1", "--logits_all", "true", "--n_ctx", "2048"],
+    log = (folder / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                             "--port", str(port), "--n_threads", "1", "--n_ctx", "2048", *flags],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -62,9 +62,37 @@ def llama_server(gguf_f32, tmp_path_factory):
                 proc.kill()
                 pytest.fail(f"llama_cpp.server did not answer on {url} within 120 s (exit {proc.poll()})")
             time.sleep(0.5)
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def llama_server(gguf_f32, tmp_path_factory):
+    """Served as a benchmark should serve it: every request answered (not interrupted by the next one), and
+    prompt log-probabilities for echo + logprobs (logits_all)."""
+    proc, url = start_server(gguf_f32, tmp_path_factory.mktemp("server"), "--logits_all", "true",
+                             "--interrupt_requests", "false")
     yield url
     proc.terminate()
     proc.wait(30)
+
+
+def test_a_request_the_server_cut_short_is_an_error_not_an_empty_answer(gguf_f32, tmp_path):
+    """llama-cpp-python's server, as it starts by default, ends a request's stream without a finish_reason when
+    another request arrives: those requests are failed requests, never empty answers graded as wrong."""
+    from variantlab.backends.base import GenerationRequest, run_requests
+    from variantlab.backends.openai_http import CUT_SHORT, Endpoint, OpenAIBackend
+    from variantlab.data.structured import generate_samples
+    proc, url = start_server(gguf_f32, tmp_path)
+    backend = OpenAIBackend(Endpoint(url + "/v1"))
+    try:
+        records = run_requests(backend, [GenerationRequest(str(i), prompt=s["prompt"], max_new_tokens=24, stop=("\n",))
+                                         for i, s in enumerate(generate_samples(4, 0))])
+    finally:
+        backend.close()
+        proc.terminate()
+        proc.wait(30)
+    assert all((r.ok and r.finish_reason == "stop" and r.output_text) or r.error == CUT_SHORT for r in records), \
+        [(r.output_text, r.finish_reason, r.error) for r in records]
 
 
 def test_llama_servers_answers_equal_the_in_process_ggufs_and_its_logprob_rows_say_what_they_are(llama_server,

@@ -81,6 +81,21 @@ def test_a_users_gguf_of_another_vocabulary_runs_on_its_own_tokenizer(tmp_path, 
     assert meta["facts"]["extra"]["tokenizer"] == gguf_artifact.TOKENIZER_OWN
     assert "calibration text 1" in meta["tokenizer_check"]
     assert not (tmp_path / "b" / "tokenizer.json").exists()
+    # its own tokenizer splits the evaluation text otherwise: the scoring rows say "not comparable"
+    from transformers import AutoTokenizer
+
+    from variantlab.backends.llamacpp import LlamaCppBackend
+    from variantlab.measure.trackers.scoring import ScoringOutput, fingerprint, same_split
+    be = LlamaCppBackend(other, None, threads=1)
+    scored = be.score(TEXTS)
+    be.close()
+    hf = AutoTokenizer.from_pretrained(SOURCE)
+    def output(cls, ids):
+        return ScoringOutput(texts=2, positions=1, nll_nats=1.0, n_bytes=1, tokenizer_fingerprint=fingerprint(cls, ids),
+                             tokenizer_class=cls, logprobs_blob=None)
+    base = output(type(hf).__name__, [hf(t).input_ids for t in TEXTS])
+    mine = output(be.tokenizer_class, [s.token_ids for s in scored])
+    assert "not comparable" in same_split(base, mine).text
 
 
 def test_without_the_converter_the_error_names_the_install_command(tmp_path, monkeypatch):

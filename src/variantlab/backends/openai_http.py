@@ -17,8 +17,8 @@ token's text, its log-probability and the top K by token text. Token ids are not
 scoring tracker matches tokens by text, and checks that the tokens spell the text (a leading special
 token, "<s>", aside). An endpoint that refuses or sends no log-probabilities raises TopkUnavailable.
 
-A request that fails (connection refused, HTTP 429 or 5xx, a broken stream) is data: a RequestEnd
-with the error, never an exception; the scenario counts it.
+A request that fails (connection refused, HTTP 429 or 5xx, a broken stream, a stream that ends without a
+finish_reason) is data: a RequestEnd with the error, never an exception; the scenario counts it.
 """
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ from .base import (Capabilities, GenerationRequest, RequestEnd, ScoredText, Toke
                    TopkUnavailable)
 
 MAX_STOP = 4      # the OpenAI API takes at most four stop sequences
+CUT_SHORT = ("the stream ended without a finish_reason: the server cut the request short (llama-cpp-python's "
+             "server interrupts a request when another arrives unless started with --interrupt_requests false)")
 TOPK_DEFAULT = 20  # log-probabilities asked for per position (OpenAI took 5 at most; vLLM 20 by default)
 
 
@@ -169,6 +171,8 @@ class OpenAIBackend:
                         await lines.aclose()      # a stream left at [DONE] is closed now, not by the collector
         except Exception as e:  # noqa: BLE001 - a request that cannot be sent is a failed request, not a crash
             error = f"{type(e).__name__}: {e}"
+        if error is None and finish is None:   # an answer cut short is not an empty answer
+            error = CUT_SHORT
         on_event(RequestEnd(index, last if last is not None else clock(), finish, usage.get("prompt_tokens"),
                             usage.get("completion_tokens"), error))
 

@@ -107,7 +107,7 @@ def comparison_tables(c: Comparison, title: str | None = None, all_rows: bool = 
         t.add_column("Metric", justify="left", max_width=_METRIC_WIDTH, overflow="fold")
         columns = ([c.baseline] if c.baseline in c.variants else []) + group
         for v in columns:
-            t.add_column(column_name(c, v), justify="right", overflow="fold",
+            t.add_column(escape(column_name(c, v)), justify="right", overflow="fold",
                          max_width=room - _GAP)
         for r in rows:
             t.add_row(escape(r.label), *(_cell(c, r, v, notes) for v in columns))

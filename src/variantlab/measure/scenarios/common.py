@@ -42,7 +42,8 @@ class ScenarioOutput(Output):
     # What a decode step must read, and how fast this process reads memory (measured in the same round):
     weight_bytes_per_token: int | None = None     # every weight a step reads (variants/recipe.decode_weight_bytes)
     kv_bytes_per_position: int | None = None      # KV cache read per cached position
-    read_gbps: float | None = None                # hardware.read_bandwidth with the worker's threads
+    read_gbps: float | None = None                # hardware.read_bandwidth with the worker's threads, measured
+                                                  # after every tracker (measure/worker.with_read_bandwidth)
 
 
 @dataclass(frozen=True)
@@ -185,20 +186,20 @@ def decode_gbps(out: ScenarioOutput) -> list[float]:
 
 
 def decode_bytes(ctx) -> dict:
-    """What a decode step of the host's variant reads, and this process's read bandwidth, measured now
-    (the fields of ScenarioOutput); {} where the host has no model (a remote backend)."""
+    """What a decode step of the host's variant reads (the fields of ScenarioOutput); {} where the host has no
+    model (a remote backend). The rate this process reads memory is measured by the worker once every tracker
+    has run (`read_gbps` left None here): the probe's 128 MiB buffer would otherwise be in the memory
+    tracker's peak."""
     built = getattr(ctx, "built", None)
     if built is None:
         return {}
-    from ...hardware import read_bandwidth
     if getattr(built, "model", None) is None:     # another runtime's model: what its build counted, if anything
         counted = built.facts.extra.get("decode_weight_bytes")
-        return {} if counted is None else {"weight_bytes_per_token": counted, "kv_bytes_per_position": None,
-                                           "read_gbps": read_bandwidth()}
+        return {} if counted is None else {"weight_bytes_per_token": counted, "kv_bytes_per_position": None}
     from ...variants.recipe import decode_weight_bytes
     attn = getattr(built.facts, "attention", None)
     return {"weight_bytes_per_token": decode_weight_bytes(built.model),
-            "kv_bytes_per_position": attn.kv_cache_bytes_per_token if attn else None, "read_gbps": read_bandwidth()}
+            "kv_bytes_per_position": attn.kv_cache_bytes_per_token if attn else None}
 
 
 def bandwidth_rows() -> tuple[MetricDef, ...]:
