@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -341,10 +340,10 @@ def main() -> None:
         llama_cpp_dir = find_converter(args.llama_cpp_src)
         t0 = time.perf_counter()
         model_dir = args.model or make_checkpoint(work / "checkpoint", args.seed)
-        f32 = convert(llama_cpp_dir, model_dir, work / "model-F32.gguf", "f32")
+        f32 = convert(llama_cpp_dir, model_dir, work / "model-F32.gguf", "F32")
         files = {"F32": f32}
         if "BF16" in wanted:
-            files["BF16"] = convert(llama_cpp_dir, model_dir, work / "model-BF16.gguf", "bf16")
+            files["BF16"] = convert(llama_cpp_dir, model_dir, work / "model-BF16.gguf", "BF16")
         for q in ("Q8_0", "Q4_0"):
             if q in wanted:
                 files[q] = quantize(f32, work / f"model-{q}.gguf", q, args.threads)

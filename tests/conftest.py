@@ -248,3 +248,27 @@ def qwen2_688_dir(tiny_model_dir, tmp_path_factory):
     Qwen2ForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def reference_gguf(tmp_path_factory):
+    """`reference_gguf("Q8_0")`: the artifact folder of a GGUF that llama.cpp's tools made from the shipped
+    reference model, built once per type per session; skipped, with the reason, without llama-cpp-python or its
+    converter (scripts/install_llamacpp.sh; CI installs both)."""
+    pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: bash scripts/install_llamacpp.sh")
+    from variantlab.errors import RecipeError
+    from variantlab.models.loading import BUILTIN_MODELS
+    from variantlab.variants import gguf_artifact, gguf_convert
+    try:
+        gguf_convert.find_converter()
+    except RecipeError as e:
+        pytest.skip(str(e))
+    root, made = tmp_path_factory.mktemp("reference-gguf"), {}
+
+    def artifact(gguf_type: str) -> Path:
+        if gguf_type not in made:
+            gguf_artifact.build_gguf_artifact(BUILTIN_MODELS["tiny-structured"], {"gguf_type": gguf_type},
+                                              root / gguf_type, threads=2)
+            made[gguf_type] = root / gguf_type
+        return made[gguf_type]
+    return artifact

@@ -22,29 +22,17 @@ pytestmark = pytest.mark.model
 from variantlab.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from variantlab.backends.tokenized import TokenizerText, eos_ids  # noqa: E402
 from variantlab.data.structured import generate_samples  # noqa: E402
-from variantlab.errors import RecipeError  # noqa: E402
 from variantlab.measure import accuracy as acc  # noqa: E402
 from variantlab.models.loading import BUILTIN_MODELS  # noqa: E402
-from variantlab.variants import gguf_artifact, gguf_convert  # noqa: E402
+from variantlab.variants import gguf_artifact  # noqa: E402
 
 SAMPLES = generate_samples(8, 3)
 KLD_BOUND = {"F32": 1e-4, "Q8_0": 1e-3, "Q4_0": 1e-2}
 
 
-def converter_or_skip():
-    try:
-        return gguf_convert.find_converter()
-    except RecipeError as e:
-        pytest.skip(str(e))
-
-
 @pytest.fixture(scope="module")
-def ggufs(tmp_path_factory):
-    converter_or_skip()
-    root = tmp_path_factory.mktemp("gguf")
-    source = BUILTIN_MODELS["tiny-structured"]
-    return {t: gguf_artifact.build_gguf_artifact(source, {"gguf_type": t}, root / t, threads=2) and root / t
-            for t in KLD_BOUND}
+def ggufs(reference_gguf):
+    return {t: reference_gguf(t) for t in KLD_BOUND}
 
 
 @pytest.fixture(scope="module")

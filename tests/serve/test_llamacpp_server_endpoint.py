@@ -31,17 +31,8 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def gguf_f32(tmp_path_factory):
-    from variantlab.errors import RecipeError
-    from variantlab.models.loading import BUILTIN_MODELS
-    from variantlab.variants import gguf_artifact, gguf_convert
-    try:
-        gguf_convert.find_converter()
-    except RecipeError as e:
-        pytest.skip(str(e))
-    out = tmp_path_factory.mktemp("gguf") / "f32"
-    gguf_artifact.build_gguf_artifact(BUILTIN_MODELS["tiny-structured"], {"gguf_type": "F32"}, out, threads=1)
-    return out / "model.gguf"
+def gguf_f32(reference_gguf):
+    return reference_gguf("F32") / "model.gguf"
 
 
 def start_server(gguf, folder, *flags):

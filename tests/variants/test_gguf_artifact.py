@@ -19,14 +19,8 @@ TEXTS = ["order_id: ORD-5493\nstatus: pending\nQ: What is the status?\nA: pendin
 
 
 @pytest.fixture(scope="module")
-def q8(tmp_path_factory):
-    try:
-        gguf_convert.find_converter()
-    except RecipeError as e:
-        pytest.skip(str(e))
-    out = tmp_path_factory.mktemp("gguf") / "q8"
-    gguf_artifact.build_gguf_artifact(SOURCE, {"gguf_type": "Q8_0"}, out, threads=2)
-    return out
+def q8(reference_gguf):
+    return reference_gguf("Q8_0")
 
 
 def swapped_vocabulary(tmp_path):
