@@ -11,8 +11,8 @@ gap between chunks, as vLLM's benchmark_serving does. Only what the endpoint exp
 token-id prompts, and `encode` is a byte count, used only to tell prompt shapes apart for warm-up.
 
 Teacher-forced scoring is top-k only (`score_topk`, capability `topk_scoring`): each text is sent once,
-not streamed, in the legacy prompt-scoring form `echo: true, logprobs: K, max_tokens: 0` (again with
-max_tokens 1 where 0 is refused, the generated token dropped), and `choices[0].logprobs` gives each prompt
+not streamed, in the legacy prompt-scoring form `echo: true, logprobs: K, max_tokens: 1` (the generated token
+dropped; again with max_tokens 0 where 1 is refused), and `choices[0].logprobs` gives each prompt
 token's text, its log-probability and the top K by token text. Token ids are not known over HTTP: the
 scoring tracker matches tokens by text, and checks that the tokens spell the text (a leading special
 token, "<s>", aside). An endpoint that refuses or sends no log-probabilities raises TopkUnavailable.
@@ -95,7 +95,7 @@ class OpenAIBackend:
 
     async def _score_one(self, text: str, k: int) -> TopkScoredText:
         refusals = []
-        for max_tokens in (0, 1):
+        for max_tokens in (1, 0):     # 1 first: llama-cpp-python's server reads 0 as "no limit"
             body = {"model": self.endpoint.model, "prompt": text, "max_tokens": max_tokens, "echo": True,
                     "logprobs": k, "temperature": 0.0, "stream": False}
             try:
