@@ -4,15 +4,19 @@ One checkpoint goes to both sides. llama.cpp gets it through its own converter
 (`convert_hf_to_gguf.py` from the llama-cpp-python source distribution) as GGUF F32 and BF16, and
 through `llama_cpp.llama_model_quantize` (from the F32 file) as Q8_0 and Q4_0, each step in a
 child process whose output is shown only when it fails. variantlab builds the same checkpoint with
-`variants.build.build`. The pairs are:
+`variants.build.build`. The pairs, by name and by what the kernels do (llama.cpp's Q8_0 and Q4_0 quantize the
+activations to 8 bits a block and multiply in integers, as our w8a8 and w4a8 do):
 
-    F32 <-> fp32    BF16 <-> bf16    Q8_0 <-> int8    Q4_0 <-> int4 (group_size 32, Q4_0's block)
+    F32 <-> fp32    BF16 <-> bf16    Q8_0 <-> int8, w8a8    Q4_0 <-> int4, w4a8 (group_size 32, Q4_0's block)
 
 Each side runs in a worker process of its own (spawned, so that the two OpenMP runtimes, heaps and
 thread settings never meet), with 2 threads, greedy, on the same prompt token ids (BOS included),
-generating exactly --new-tokens tokens. llama.cpp decodes through `Llama.generate` (temperature 0:
-its greedy sampler; `generate` has no stop rule, so EOS cannot end a run early); variantlab through
-`TorchEngine` + `run_requests` with `stop_on_eos=False`. For each precision both workers load and
+generating exactly --new-tokens tokens. Both sides run as `variantlab bench` runs them, so that the two
+instruments measure the same thing: llama.cpp through our llama.cpp backend (backends/llamacpp.py:
+`llama_decode` through the C API, the backend a `backend: llamacpp` variant is measured with; not
+`Llama.generate`, whose Python loop costs llama.cpp 23% on Q4_0), variantlab through `TorchEngine`, made as
+the measuring worker makes it (`--engine default`: our decode step where it runs, as a variant without
+`compile`), both driven by `run_requests` with `stop_on_eos=False`. For each pair both workers load and
 warm up, then run in adjacent pairs, alternating which side goes first (A B, B A, ...) so that a
 drift in the machine's load lands on both sides alike. Both sides are timed the same way, on the
 worker's `time.perf_counter` as each token reaches Python, and reduced by variantlab's own TPOT
@@ -43,11 +47,15 @@ Needs llama-cpp-python 0.3.36 built for this CPU at its best and llama.cpp's con
 `bash scripts/install_llamacpp.sh` (AVX-512/VNNI/BF16 where the CPU has them, AMX off: a build with
 AMX on crashed with an illegal instruction on Q8_0 on our Xeons); the build's flags are printed:
 
-    python benchmarks/decode_vs_llamacpp.py [--llama-cpp-src LLAMA_CPP_CHECKOUT]
+    python benchmarks/decode_vs_llamacpp.py [--shape 115m|1024x2816|qwen2-0.5b] [--pairs 6] [--workdir DIR]
+                                            [--engine default|eager|compile] [--llama-cpp-src LLAMA_CPP_CHECKOUT]
 
-Without --model it saves a random-weight Llama (hidden 768, 16 layers, 12 heads, intermediate
-2048, the shipped tokenizer: 115M parameters, quant_decode.py's shape) in fp32 to a temporary
-folder, seeded by --seed. Never part of the test suite.
+Without --model it saves a random-weight model of --shape (issue 25's three: `115m`, a Llama of hidden 768,
+16 layers, 12 heads, intermediate 2048, quant_decode.py's shape; `1024x2816`, a Llama of hidden 1024, 12 layers,
+intermediate 2816; `qwen2-0.5b`, a Qwen2 of hidden 896, 24 layers, 14 query / 2 K/V heads, intermediate 4864,
+tied embeddings), with the shipped tokenizer (1k tokens), in fp32, seeded by --seed; --workdir keeps it and its
+GGUF files for the next run. The last lines say which goals of issue 25 the run met: every pair at ≥ 1.0x, and
+int4 (w4a8) ÷ fp32 ≥ llama.cpp's Q4_0 ÷ F32. Never part of the test suite.
 """
 from __future__ import annotations
 
@@ -73,6 +81,8 @@ INSTALL_HINT = ("llama_cpp is not installed; build it for this CPU at its best w
 CONFIG = dict(hidden_size=768, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
               intermediate_size=2048, vocab_size=1024, max_position_embeddings=1024,
               bos_token_id=0, eos_token_id=1, pad_token_id=2)
+COMMON = {k: v for k, v in CONFIG.items() if k in ("vocab_size", "max_position_embeddings", "bos_token_id",
+                                                   "eos_token_id", "pad_token_id")}
 
 
 @dataclass(frozen=True)
@@ -89,8 +99,20 @@ class Pair:
         return f"{self.gguf} <-> {self.recipe}{opts}"
 
 
-PAIRS = (Pair("F32", "fp32"), Pair("BF16", "bf16"), Pair("Q8_0", "int8"),
-         Pair("Q4_0", "int4", (("group_size", 32),)))
+# Paired by name and by what the kernels do: llama.cpp's Q8_0 and Q4_0 quantize the activations to 8 bits per
+# block and multiply in integers, as our w8a8 and w4a8 do; our int8 and int4 keep the activations in bf16.
+PAIRS = (Pair("F32", "fp32"), Pair("BF16", "bf16"), Pair("Q8_0", "int8"), Pair("Q8_0", "w8a8"),
+         Pair("Q4_0", "int4", (("group_size", 32),)), Pair("Q4_0", "w4a8", (("group_size", 32),)))
+
+# The model shapes of issue 25's goals, random weights, the shipped 1k-token tokenizer.
+SHAPES = {
+    "115m": dict(hidden_size=768, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
+                 intermediate_size=2048),
+    "1024x2816": dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
+                      intermediate_size=2816),
+    "qwen2-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                       intermediate_size=4864, tie_word_embeddings=True),
+}
 
 
 # ---------------------------------------------------------------------------- GGUF files
@@ -114,33 +136,33 @@ def find_converter(spec: str | None) -> Path:
 
 # ---------------------------------------------------------------------------- the two workers
 
-def _run_llama(conn, gguf_path: str, threads: int, n_ctx: int) -> None:
-    """Worker: load the GGUF, then answer (prompt ids, n) with a RequestRecord until told None."""
+def _run_llama(conn, gguf_path: str, model_dir: str, threads: int) -> None:
+    """Worker: load the GGUF in our llama.cpp backend (what `variantlab bench` measures a `backend: llamacpp`
+    variant with: llama_decode through the C API), then answer (prompt ids, n) with a RequestRecord until told None.
+    Not `Llama.generate`: its Python sampling loop made llama.cpp 23% slower than its own eval clock on Q4_0
+    (benchmarks/llamacpp_backend_check.py), a weakened peer."""
     import llama_cpp
-    from variantlab.measure.records import RequestRecord
+    from transformers import AutoTokenizer
 
-    llm = llama_cpp.Llama(model_path=gguf_path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
-                          n_threads_batch=threads, seed=0, verbose=False)
-    conn.send({"weight_bytes": int(llama_cpp.llama_model_size(llm.model)),
-               "parameters": int(llama_cpp.llama_model_n_params(llm.model)),
-               "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+    from variantlab.backends.base import GenerationRequest, run_requests
+    from variantlab.backends.llamacpp import LlamaCppBackend
+    from variantlab.backends.tokenized import TokenizerText, eos_ids
+    from variantlab.variants.gguf_model import cpu_features, model_info
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    backend = LlamaCppBackend(gguf_path, TokenizerText(tok, eos_ids(tok)), threads=threads)
+    info = model_info(backend.model)
+    conn.send({"weight_bytes": info["tensor_bytes"], "parameters": info["parameters"],
+               "system_info": llama_cpp.llama_print_system_info().decode().strip(), "features": cpu_features(),
                "version": llama_cpp.__version__})
-    clock = time.perf_counter
     while (job := conn.recv()) is not None:
         ids, n = job
-        llm.reset()                                   # no KV prefix reuse: every run prefills the prompt
-        times, toks = [], []
-        send = clock()
-        for tok in llm.generate(ids, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
-            times.append(clock())
-            toks.append(int(tok))
-            if len(toks) == n:
-                break
-        conn.send(RequestRecord("llama.cpp", send, times[-1], tuple(times), len(ids), "", None,
-                                tuple(toks), "length"))
+        req = GenerationRequest("llama.cpp", prompt_ids=tuple(ids), max_new_tokens=n, stop_on_eos=False)
+        conn.send(run_requests(backend, [req])[0])
+    backend.close()
 
 
-def _run_variantlab(conn, model_dir: str, recipe: str, options: dict, threads: int, compile_step: bool) -> None:
+def _run_variantlab(conn, model_dir: str, recipe: str, options: dict, threads: int, engine: str) -> None:
     """Worker: build the variant, then answer (prompt ids, n) with a RequestRecord until told None."""
     import torch
     torch.set_num_threads(threads)
@@ -150,18 +172,22 @@ def _run_variantlab(conn, model_dir: str, recipe: str, options: dict, threads: i
 
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
+    from variantlab.measure.backend_kinds.torch_kind import engine_facts
+
     built = build(model_dir, VariantDefinition(recipe, recipe, options), "cpu")
-    engine = TorchEngine(built.model, built.tokenizer, "cpu", "peer-bench", compile_step=compile_step)
-    facts = built.facts
+    runner = TorchEngine(built.model, built.tokenizer, "cpu", "peer-bench", compile_step=engine == "compile",
+                         decode_step=engine == "default")      # as the measuring worker makes it (torch_kind)
+    facts = engine_facts(runner, built.facts)
     conn.send({"weight_bytes": int(facts.extra.get("resident_bytes", facts.weight_bytes)),
                "parameters": int(facts.parameters),
-               "kernels": ", ".join(facts.kernels + (("torch.compile of the decode step",) if compile_step else ())),
+               "kernels": ", ".join(facts.kernels + (("torch.compile of the decode step",) if engine == "compile"
+                                                     else ())),
                "version": torch.__version__})
     with torch.inference_mode():                      # as the measuring worker runs the engine
         while (job := conn.recv()) is not None:
             ids, n = job
             req = GenerationRequest("variantlab", prompt_ids=tuple(ids), max_new_tokens=n, stop_on_eos=False)
-            conn.send(run_requests(engine, [req])[0])
+            conn.send(run_requests(runner, [req])[0])
 
 
 def _serve(target, conn, *args) -> None:
@@ -204,15 +230,19 @@ class Worker:
 
 # ---------------------------------------------------------------------------- setup
 
-def make_checkpoint(out: Path, seed: int) -> Path:
-    """A random-weight Llama (CONFIG) with the shipped tokenizer, saved in fp32."""
+def make_checkpoint(out: Path, seed: int, shape: str = "115m") -> Path:
+    """A random-weight model of SHAPES[shape] (a Llama; qwen2-0.5b a Qwen2) with the shipped tokenizer, in fp32."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from variantlab.models.loading import BUILTIN_MODELS
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).float().eval()
+    config = {**COMMON, **SHAPES[shape]}
+    if shape.startswith("qwen2"):
+        model = Qwen2ForCausalLM(Qwen2Config(**config)).float().eval()
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**config)).float().eval()
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(BUILTIN_MODELS["tiny-structured"]).save_pretrained(out)
     return out
@@ -264,10 +294,9 @@ class PairResult:
 def measure(pair: Pair, gguf_path: Path, model_dir: Path, ids: list[int], args) -> tuple[PairResult, dict]:
     from variantlab.measure.metrics import tpot
 
-    n_ctx = len(ids) + args.new_tokens + 8
-    llama = Worker(f"llama.cpp {pair.gguf}", _run_llama, str(gguf_path), args.threads, n_ctx)
+    llama = Worker(f"llama.cpp {pair.gguf}", _run_llama, str(gguf_path), str(model_dir), args.threads)
     vl = Worker(f"variantlab {pair.recipe}", _run_variantlab, str(model_dir), pair.recipe,
-                dict(pair.options), args.threads, args.compile)
+                dict(pair.options), args.threads, args.engine)
     try:
         for w in (llama, vl):                         # warm-up: first-call allocations, page faults, compiling
             w.run(ids, args.new_tokens)
@@ -298,12 +327,19 @@ def print_table(results: list[PairResult], new_tokens: int) -> None:
         print(f"{r.pair.label:18} {1 / l_s:15.1f} {1 / v_s:16.1f} {ratio:>23} "
               f"{r.llama_bytes / l_s / 1e9:7.1f} {r.vl_bytes / v_s / 1e9:7.1f} "
               f"{r.llama_bytes / 1e6:6.0f} {r.vl_bytes / 1e6:6.0f} {r.agree:>3}/{new_tokens}")
-    by = {r.pair.gguf: r for r in results}
-    if "F32" in by and "Q4_0" in by:
-        f, q = by["F32"], by["Q4_0"]
-        print(f"low-bit speedup over fp32: llama.cpp Q4_0/F32 "
-              f"{statistics.median(f.llama_tpot) / statistics.median(q.llama_tpot):.2f}x, "
-              f"variantlab int4/fp32 {statistics.median(f.vl_tpot) / statistics.median(q.vl_tpot):.2f}x")
+    by = {r.pair.recipe: r for r in results}
+    if "fp32" in by:
+        f = by["fp32"]
+        for name in ("int4", "w4a8"):
+            if name in by:
+                q = by[name]
+                lc = statistics.median(f.llama_tpot) / statistics.median(q.llama_tpot)
+                ours = statistics.median(f.vl_tpot) / statistics.median(q.vl_tpot)
+                print(f"low-bit speedup over fp32: llama.cpp Q4_0/F32 {lc:.2f}x, variantlab {name}/fp32 {ours:.2f}x "
+                      f"(goal: ≥ llama.cpp's: {'met' if ours >= lc else 'NOT met'})")
+    low = [r.pair.label for r in results if statistics.median(r.ratios) < 1.0]
+    print(f"pairs at ≥ 1.0x (goal: all): {len(results) - len(low)} of {len(results)}"
+          + (f"; below: {', '.join(low)}" if low else ""))
 
 
 def main() -> None:
@@ -318,19 +354,29 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0, help="weights of the default model and the prompt")
-    ap.add_argument("--precisions", default=",".join(p.gguf for p in PAIRS),
+    ap.add_argument("--shape", default="115m", choices=sorted(SHAPES),
+                    help="the random-weight model's shape, without --model (default 115m)")
+    ap.add_argument("--precisions", default=",".join(dict.fromkeys(p.gguf for p in PAIRS)),
                     help="a subset of F32,BF16,Q8_0,Q4_0")
+    ap.add_argument("--recipes", default=",".join(p.recipe for p in PAIRS),
+                    help="a subset of fp32,bf16,int8,w8a8,int4,w4a8 (each with its GGUF type)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the checkpoint and GGUF files here")
-    ap.add_argument("--compile", action="store_true",
-                    help="variantlab compiles its decode step (a variant's `compile: true`); the warm-up compiles")
+    ap.add_argument("--engine", default="default", choices=("default", "eager", "compile"),
+                    help="variantlab's engine: default (what a variant gets without `compile`: our decode step "
+                         "where it runs), eager (`compile: false`: transformers' modules), compile (`compile: "
+                         "true`; the warm-up compiles)")
+    ap.add_argument("--compile", action="store_const", const="compile", dest="engine", help="--engine compile")
     args = ap.parse_args()
     if importlib.util.find_spec("llama_cpp") is None:
         raise SystemExit(INSTALL_HINT)
-    wanted = args.precisions.split(",")
+    wanted, recipes = args.precisions.split(","), args.recipes.split(",")
     unknown = set(wanted) - {p.gguf for p in PAIRS}
     if unknown:
         raise SystemExit(f"--precisions: unknown {sorted(unknown)}; accepted: F32, BF16, Q8_0, Q4_0")
-    pairs = [p for p in PAIRS if p.gguf in wanted]
+    if set(recipes) - {p.recipe for p in PAIRS}:
+        raise SystemExit(f"--recipes: unknown {sorted(set(recipes) - {p.recipe for p in PAIRS})}; accepted: "
+                         f"{', '.join(p.recipe for p in PAIRS)}")
+    pairs = [p for p in PAIRS if p.gguf in wanted and p.recipe in recipes]
     if args.new_tokens < 2 or args.pairs < 1:
         raise SystemExit("--new-tokens must be at least 2 (TPOT needs two tokens) and --pairs at least 1")
 
@@ -339,14 +385,21 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         llama_cpp_dir = find_converter(args.llama_cpp_src)
         t0 = time.perf_counter()
-        model_dir = args.model or make_checkpoint(work / "checkpoint", args.seed)
-        f32 = convert(llama_cpp_dir, model_dir, work / "model-F32.gguf", "F32")
+        ckpt = work / f"checkpoint-{args.shape}-seed{args.seed}"
+        model_dir = args.model or (ckpt if args.workdir and (ckpt / "config.json").is_file()
+                                   else make_checkpoint(ckpt, args.seed, args.shape))
+        stem = "model" if args.model else f"{args.shape}-seed{args.seed}"
+
+        def made(path: Path, make) -> Path:         # a --workdir keeps the files a previous run made
+            return path if args.workdir and path.is_file() else make(path)
+
+        f32 = made(work / f"{stem}-F32.gguf", lambda p: convert(llama_cpp_dir, model_dir, p, "F32"))
         files = {"F32": f32}
         if "BF16" in wanted:
-            files["BF16"] = convert(llama_cpp_dir, model_dir, work / "model-BF16.gguf", "BF16")
+            files["BF16"] = made(work / f"{stem}-BF16.gguf", lambda p: convert(llama_cpp_dir, model_dir, p, "BF16"))
         for q in ("Q8_0", "Q4_0"):
             if q in wanted:
-                files[q] = quantize(f32, work / f"model-{q}.gguf", q, args.threads)
+                files[q] = made(work / f"{stem}-{q}.gguf", lambda p, q=q: quantize(f32, p, q, args.threads))
         ids = prompt_ids(model_dir, args.prompt_tokens, args.seed)
         prep_s = time.perf_counter() - t0
         load_before = os.getloadavg()
@@ -358,12 +411,12 @@ def main() -> None:
         load_after = os.getloadavg()
 
     lc, vl = hello["llama"], hello["variantlab"]
-    print(f"model {model_dir if args.model else 'random-weight Llama (seed %d)' % args.seed}: "
+    print(f"model {model_dir if args.model else f'random-weight {args.shape} (seed {args.seed})'}: "
           f"{lc['parameters'] / 1e6:.0f}M parameters; {args.threads} threads each side, greedy, "
           f"prompt {len(ids)} tokens, {args.new_tokens} new tokens, {args.pairs} interleaved pairs per "
           f"precision (conversion and quantization took {prep_s:.0f} s)")
-    print(f"llama-cpp-python {lc['version']}: {lc['system_info']}")
-    print(f"variantlab on torch {vl['version']}; load average (1, 5, 15 min) before "
+    print(f"llama-cpp-python {lc['version']} (built with {lc['features']}): {lc['system_info']}")
+    print(f"variantlab ({args.engine} engine) on torch {vl['version']}; load average (1, 5, 15 min) before "
           f"{', '.join(f'{x:.2f}' for x in load_before)}, after {', '.join(f'{x:.2f}' for x in load_after)}")
     print("tok/s = 1 / median TPOT (decode only); GB/s = weight bytes read per token / TPOT; "
           "ratio = median of per-pair variantlab / llama.cpp; agree = leading greedy tokens in common")

@@ -117,9 +117,11 @@ class VariantSpec(_Frozen):
     attention: str | None = Field(None, description=f"{attention_accepted()}; applied before the recipe")
     attention_options: dict[str, Any] = Field(default_factory=dict,
                                               description="linear_state_dtype: fp32 | model, linear_chunk")
-    compile: bool | None = Field(None, description="torch.compile each decoder layer's MLP (dynamic shapes); "
-                                 "compile time is reported apart from warm figures; absent or null: off, or what "
-                                 "recipe: auto chooses")
+    compile: bool | None = Field(None, description="true: torch.compile transformers' decode step (static shapes; "
+                                 "its compile time reported apart from warm figures); false: transformers' eager "
+                                 "modules every step; absent or null: variantlab's decode step where it runs the "
+                                 "model (Llama, Mistral, Qwen2 on an AVX-512 CPU), else transformers' eager modules, "
+                                 "or what recipe: auto chooses")
     backend: str = Field("torch", description=f"the runtime it runs on: {backend_help()}",
                          json_schema_extra=lambda schema: schema.update(enum=list(backend_names())))
     base_url: str | None = Field(None, pattern=r"^https?://", description="openai: the endpoint, e.g. "

@@ -42,7 +42,7 @@ class TorchEngine:
     capabilities = Capabilities(batching=True, token_timestamps=True, scoring=True, token_input=True)
 
     def __init__(self, model, tokenizer, device: str, tokenizer_id: str = "", clock: Clock = time.perf_counter,
-                 static_cache: bool = True, compile_step: bool = False):
+                 static_cache: bool = True, compile_step: bool = False, decode_step: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.tokenizer_class = type(tokenizer).__name__
@@ -55,6 +55,10 @@ class TorchEngine:
         self.pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
         self.caches = KVCaches(model, static=static_cache)   # static_cache=False: the growing reference
         self._decode = self._forward
+        # variantlab's decode step (variants/decode_step.py) where it runs this model; else transformers' forward
+        self.step, self.step_note = None, None
+        if decode_step and self.caches.static:
+            self._use_decode_step()
         if compile_step:
             self.compile_decode_step()
         # the LM head runs for the last position only (prefill's other positions predict nothing we use)
@@ -147,12 +151,23 @@ class TorchEngine:
         nxt = self._decode(nxt, cache, mask, pos)
         return nxt, nxt.tolist(), mask, pos                                             # .tolist() synchronises
 
+    def _use_decode_step(self) -> None:
+        from ..variants.decode_step import DecodeStep
+
+        step = DecodeStep.for_model(self.model)
+        if isinstance(step, str):
+            self.step_note = f"variantlab's decode step does not run this model ({step}): transformers' forward runs"
+            return
+        step.fallback = self._forward
+        self.step, self._decode = step, step
+
     def compile_decode_step(self) -> bool:
         """torch.compile (inductor, static shapes) the decode step: model call and greedy choice, over the
         preallocated cache; one graph per (batch, cache length). False when the model keeps cache layers
         of its own (no static cache, so no static shapes): nothing is compiled."""
         if not self.caches.static:
             return False
+        self.step = None            # compiling is of transformers' modules: their forward, not our step
         # Guards on the model's modules are skipped: checking every parameter cost 0.9 ms a step here
         # (0.2 ms without). torch.compile keeps its graphs per code object, so this engine's step gets
         # a code object of its own: another engine's graph, for another model, can never be reused.

@@ -306,7 +306,9 @@ def _plan_variant(suite: Suite, i: int, base: ModelDirInfo | None, samples: list
         recipe, options, resolved = r.recipe, r.options, r.to_json()
         if v.compile is None:   # the variant's own compile: wins over the choice
             compile_ = r.compile
-    return PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options), compile_),
+    # `compile: false`, given: transformers' own modules every step; absent: our decode step where it runs
+    return PlannedVariant(VariantDefinition(v.name, recipe, options, attention, dict(v.attention_options), compile_,
+                                            decode_step=v.compile is not False),
                           info.path, resolved, info.position_limit())
 
 

@@ -34,6 +34,8 @@ class VariantDefinition(Payload):
     attention: str | None = None            # "gqa:2", "linear", …; None: the checkpoint's own
     attention_options: dict[str, Any] = Field(default_factory=dict)
     compile: bool = False                   # a runtime setting: the measuring host compiles after loading
+    decode_step: bool = True                # variantlab's decode step where it runs the model (variants/decode_step);
+                                            # False (the suite's `compile: false`): transformers' modules each step
     backend: str = "torch"                  # the runtime it runs on (measure/backend_kinds/)
     backend_config: dict[str, Any] = Field(default_factory=dict)   # what that backend takes of the suite entry
                                                                    # (openai: its base_url, model, api_key_env)

@@ -32,7 +32,9 @@ def open_torch(job, t_start: float) -> Opened:
     t_tokenizer = process_clock()
     built = variants.load(job.artifact_dir, device, tokenizer=tokenizer, trust_remote_code=job.trust_remote_code)
     t_loaded = process_clock()
-    engine = TorchEngine(built.model, built.tokenizer, device, tokenizer_id=tokenizer_fingerprint)
+    engine = TorchEngine(built.model, built.tokenizer, device, tokenizer_id=tokenizer_fingerprint,
+                         decode_step=job.variant.decode_step and not job.variant.compile)
+    built.facts = engine_facts(engine, built.facts)
     t_compiled = t_loaded     # without compile, setting up the engine counts toward the first token
     if job.variant.compile:
         from ...variants.compiled import compile_variant
@@ -55,6 +57,17 @@ def open_torch(job, t_start: float) -> Opened:
                   context=torch.inference_mode)   # the engine then skips its own per-step mode switch
 
 
+def engine_facts(engine, facts):
+    """The facts with which engine runs each decode step: variantlab's decode step (its label), or transformers'
+    forward and, where our step was wanted, why it does not run this model (a note)."""
+    from ...variants.decode_step import LABEL
+    if engine.step is not None:
+        return facts.replace(kernels=facts.kernels + (LABEL,))
+    if engine.step_note:
+        return facts.replace(notes=facts.notes + (engine.step_note,))
+    return facts
+
+
 def import_stage(artifact_dir: str, trust_remote_code: bool = False) -> None:
     """Import everything loading and running this variant needs, so that "load" is the weights alone:
     torch, transformers, the model's class (transformers imports it lazily), the tokenizer's class,
@@ -65,7 +78,7 @@ def import_stage(artifact_dir: str, trust_remote_code: bool = False) -> None:
     from transformers.models.auto.tokenization_auto import get_tokenizer_config, tokenizer_class_from_name
 
     from ...backends.torch_engine import TorchEngine  # noqa: F401
-    from ...variants import build, quant_linear, registry  # noqa: F401
+    from ...variants import build, decode_step, quant_linear, registry  # noqa: F401
     from .. import trackers  # noqa: F401
 
     config = AutoConfig.from_pretrained(artifact_dir, local_files_only=True, trust_remote_code=trust_remote_code)

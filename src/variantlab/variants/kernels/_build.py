@@ -33,10 +33,11 @@ from . import _cache
 from ._cache import Extension
 
 SOURCE = Path(__file__).with_name("gemv_avx512.cpp")
+STEP_SOURCE = Path(__file__).with_name("decode_step.cpp")   # the decode step over those kernels
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni")
 CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni")
 SWITCH = "VARIANTLAB_KERNELS"  # "0": never compile or use our kernels (aten everywhere)
-KERNELS = Extension("variantlab_kernels", (SOURCE,), CFLAGS, ("-fopenmp",), title="variantlab's CPU kernels",
+KERNELS = Extension("variantlab_kernels", (SOURCE, STEP_SOURCE), CFLAGS, ("-fopenmp",), title="variantlab's CPU kernels",
                     expected_s=35)
 WAIT_S = _cache.DEFAULT_WAIT_S   # the longest a process waits for another's live build, then runs aten
 

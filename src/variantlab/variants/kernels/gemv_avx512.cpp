@@ -20,6 +20,10 @@
 //              Σ w·xq = s·Σ q·xq + (z − 8·s)·Σ xq.
 //
 // Rows are split between threads with at::parallel_for (torch's OpenMP pool, torch.set_num_threads).
+// At M = 1 the row-major kernels (fp32, bf16, int8, w8a8) read one row at a time, front to back, so that
+// each thread's share of W is one sequential stream: reading 4 rows at once (4 streams of one short row
+// each, 768-3072 bytes at these widths) kept the hardware prefetcher from ramping up, and read at 10-25
+// GB/s where one stream reads at 15-30 (benchmarks/decode_kernels.py; -DVK_NO_ROW1 builds the old way).
 // M > 8 is run in chunks of 8 rows of x (each chunk reads W again): these kernels are for decode;
 // callers keep aten for prefill. Compiled with -mavx512f/bw/vl/bf16/vnni: loading it on a CPU without
 // those is prevented in Python (kernels/_build.py checks the CPU flags first).
@@ -131,8 +135,34 @@ void dense_rows(const typename D::E* x, const typename D::E* w, int64_t K, int64
     for (int r = 0; r < R; ++r) store(y + m * N + n + r, _mm512_reduce_add_ps(acc[m][r]));
 }
 
+// One row at a time, read front to back with four accumulators: at M = 1 the thread's rows are one
+// sequential stream, which the hardware prefetcher follows (four rows at once are four short streams).
+template <typename D, typename T>
+void dense_row1(const typename D::E* x, const typename D::E* w, int64_t K, int64_t n, T* y) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const typename D::E* wr = w + n * K;
+  int64_t k = 0;
+  for (; k + 4 * D::kStep <= K; k += 4 * D::kStep) {
+    for (int u = 0; u < 4; ++u) acc[u] = D::dot(acc[u], D::load(x + k + u * D::kStep), D::load(wr + k + u * D::kStep));
+  }
+  for (; k + D::kStep <= K; k += D::kStep) acc[0] = D::dot(acc[0], D::load(x + k), D::load(wr + k));
+  if (k < K) {
+    const auto tail = (typename D::Mask)((1ull << (K - k)) - 1);
+    acc[1] = D::dot(acc[1], D::load(x + k, tail), D::load(wr + k, tail));
+  }
+  store(y + n, _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))));
+}
+
 template <typename D, int M, typename T>
 void dense_run(const typename D::E* x, const typename D::E* w, int64_t K, int64_t N, T* y) {
+#ifndef VK_NO_ROW1
+  if (M == 1) {
+    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) dense_row1<D>(x, w, K, n, y);
+    });
+    return;
+  }
+#endif
   constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
   const int64_t blocks = (N + R - 1) / R;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
@@ -183,8 +213,39 @@ void int8_rows(const float* x, const int8_t* q, const S* s, int64_t K, int64_t n
   }
 }
 
+// M = 1, one row at a time front to back (see dense_row1): 64 weights a step, four accumulators.
+template <typename T, typename S>
+void int8_row1(const float* x, const int8_t* q, const S* s, int64_t K, int64_t n, T* y) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const int8_t* qr = q + n * K;
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64)
+    for (int u = 0; u < 4; ++u)
+      acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16 * u),
+                               _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(qr + k + 16 * u)))),
+                               acc[u]);
+  for (; k + 16 <= K; k += 16)
+    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k),
+                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(qr + k)))), acc[0]);
+  if (k < K) {
+    const __mmask16 tail = (__mmask16)((1u << (K - k)) - 1);
+    acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x + k),
+                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(tail, qr + k))), acc[1]);
+  }
+  const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+  store(y + n, _mm512_reduce_add_ps(sum) * static_cast<float>(s[n]));
+}
+
 template <int M, typename T, typename S>
 void int8_run(const float* x, const int8_t* q, const S* s, int64_t K, int64_t N, T* y) {
+#ifndef VK_NO_ROW1
+  if (M == 1) {
+    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) int8_row1(x, q, s, K, n, y);
+    });
+    return;
+  }
+#endif
 #ifdef VK_R8
   constexpr int R = M <= 2 ? VK_R8 : M <= 4 ? 2 : 1;
 #else
@@ -251,9 +312,10 @@ void int4_block(const uint8_t* p, const S* sz, const uint32_t* xp, const float* 
 // int8 weights × int8 activations (VNNI): xu = xq + 128 as u8 [M, K] (K padded to 64 with 128s, so
 // the padding adds 128·0 against masked-out weights), Σ xq·q = Σ xu·q − 128·Σ q.
 
+// wsums: Σ q of each row, when the caller has them (the decode step computes them once); else summed here.
 template <int M, int R, typename T, typename S>
 void w8a8_rows(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const float* a, int64_t K, int64_t n,
-               T* y, int64_t N) {
+               T* y, int64_t N, const int32_t* wsums) {
   __m512i acc[M][R], qs[R];
   const __m512i ones = _mm512_set1_epi8(1);
   for (int r = 0; r < R; ++r) {
@@ -271,7 +333,7 @@ void w8a8_rows(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const
       } else {
         wv[r] = _mm512_maskz_loadu_epi8(mask, qr[r] + k);
       }
-      qs[r] = _mm512_dpbusd_epi32(qs[r], ones, wv[r]);
+      if (!wsums) qs[r] = _mm512_dpbusd_epi32(qs[r], ones, wv[r]);
     }
     for (int m = 0; m < M; ++m) {
       const __m512i xv = _mm512_loadu_si512(xu + m * Kp + k);
@@ -282,7 +344,7 @@ void w8a8_rows(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const
   for (; k + 64 <= K; k += 64) step(k, ~0ull, true);
   if (k < K) step(k, (1ull << (K - k)) - 1, false);
   for (int r = 0; r < R; ++r) {
-    const int32_t wsum = _mm512_reduce_add_epi32(qs[r]);
+    const int32_t wsum = wsums ? wsums[n + r] : _mm512_reduce_add_epi32(qs[r]);
     const float sc = static_cast<float>(s[n + r]);
     for (int m = 0; m < M; ++m) {
       const int32_t dot = _mm512_reduce_add_epi32(acc[m][r]) - 128 * wsum;
@@ -291,17 +353,52 @@ void w8a8_rows(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const
   }
 }
 
+// M = 1, one row at a time front to back (see dense_row1), four accumulators; Σ q from wsums or summed here.
+template <typename T, typename S>
+void w8a8_row1(const uint8_t* xu, const int8_t* q, const S* s, float a, int64_t K, int64_t n, T* y,
+               const int32_t* wsums) {
+  __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  __m512i qs = _mm512_setzero_si512();
+  const __m512i ones = _mm512_set1_epi8(1);
+  const int8_t* qr = q + n * K;
+  int64_t k = 0;
+  for (; k + 256 <= K; k += 256)
+    for (int u = 0; u < 4; ++u) {
+      const __m512i wv = _mm512_loadu_si512(qr + k + 64 * u);
+      acc[u] = _mm512_dpbusd_epi32(acc[u], _mm512_loadu_si512(xu + k + 64 * u), wv);
+      if (!wsums) qs = _mm512_dpbusd_epi32(qs, ones, wv);
+    }
+  for (; k < K; k += 64) {
+    const __mmask64 m = K - k >= 64 ? ~0ull : (1ull << (K - k)) - 1;
+    const __m512i wv = _mm512_maskz_loadu_epi8(m, qr + k);
+    acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_loadu_si512(xu + k), wv);
+    if (!wsums) qs = _mm512_dpbusd_epi32(qs, ones, wv);
+  }
+  const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3]));
+  const int32_t wsum = wsums ? wsums[n] : _mm512_reduce_add_epi32(qs);
+  const int32_t dot = _mm512_reduce_add_epi32(sum) - 128 * wsum;
+  store(y + n, static_cast<float>(dot) * a * static_cast<float>(s[n]));
+}
+
 template <int M, typename T, typename S>
 void w8a8_run(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const float* a, int64_t K, int64_t N,
-              T* y) {
+              T* y, const int32_t* wsums) {
+#ifndef VK_NO_ROW1
+  if (M == 1) {
+    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) w8a8_row1(xu, q, s, a[0], K, n, y, wsums);
+    });
+    return;
+  }
+#endif
   constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
   const int64_t blocks = (N + R - 1) / R;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * R;
-      if (n + R <= N) w8a8_rows<M, R>(xu, Kp, q, s, a, K, n, y, N);
+      if (n + R <= N) w8a8_rows<M, R>(xu, Kp, q, s, a, K, n, y, N, wsums);
       else
-        for (int64_t r = n; r < N; ++r) w8a8_rows<M, 1>(xu, Kp, q, s, a, K, r, y, N);
+        for (int64_t r = n; r < N; ++r) w8a8_rows<M, 1>(xu, Kp, q, s, a, K, r, y, N, wsums);
     }
   });
 }
@@ -620,21 +717,28 @@ template <int M>
 struct W8A8 {
   template <typename T, typename S>
   static void typed(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
-                    at::Tensor& y, int64_t m0) {
+                    at::Tensor& y, int64_t m0, const int32_t* wsums) {
     const int64_t K = q.size(1), N = q.size(0);
-    w8a8_run<M>(xu + m0 * Kp, Kp, q.data_ptr<int8_t>(), s.data_ptr<S>(), a + m0, K, N, y.data_ptr<T>() + m0 * N);
+    w8a8_run<M>(xu + m0 * Kp, Kp, q.data_ptr<int8_t>(), s.data_ptr<S>(), a + m0, K, N, y.data_ptr<T>() + m0 * N,
+                wsums);
   }
   static void run(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
-                  at::Tensor& y, int64_t m0) {
+                  at::Tensor& y, int64_t m0, const int32_t* wsums) {
     const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
-    if (bf && sbf) typed<at::BFloat16, at::BFloat16>(xu, Kp, q, s, a, y, m0);
-    else if (bf) typed<at::BFloat16, float>(xu, Kp, q, s, a, y, m0);
-    else if (sbf) typed<float, at::BFloat16>(xu, Kp, q, s, a, y, m0);
-    else typed<float, float>(xu, Kp, q, s, a, y, m0);
+    if (bf && sbf) typed<at::BFloat16, at::BFloat16>(xu, Kp, q, s, a, y, m0, wsums);
+    else if (bf) typed<at::BFloat16, float>(xu, Kp, q, s, a, y, m0, wsums);
+    else if (sbf) typed<float, at::BFloat16>(xu, Kp, q, s, a, y, m0, wsums);
+    else typed<float, float>(xu, Kp, q, s, a, y, m0, wsums);
   }
 };
 
+at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums);
+
 at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) {
+  return w8a8_sums_mm(x, q, s, nullptr);
+}
+
+at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums) {
   check_2d(x, "x");
   check_2d(q, "q");
   check_float(x, "x");
@@ -648,7 +752,7 @@ at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   for (auto& v : xq) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);  // xq + 128 as u8 (pad: 128)
   auto y = at::empty({M, q.size(0)}, x.options());
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<W8A8>(std::min(kMaxM, M - m0), (const uint8_t*)xq.data(), Kp, q, s, a.data(), y, m0);
+    dispatch_m<W8A8>(std::min(kMaxM, M - m0), (const uint8_t*)xq.data(), Kp, q, s, a.data(), y, m0, wsums);
   return y;
 }
 
@@ -731,6 +835,25 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 }  // namespace
+
+// The ops above as plain C++ functions, for the decode step (decode_step.cpp, in the same library).
+namespace vk {
+at::Tensor fp32(const at::Tensor& x, const at::Tensor& w) { return fp32_mm(x, w); }
+at::Tensor bf16(const at::Tensor& x, const at::Tensor& w) { return bf16_mm(x, w); }
+at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) { return int8_mm(x, q, s); }
+at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums) {
+  TORCH_CHECK(sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == q.size(0),
+              "w8a8: sums must be int32 [N]");
+  return w8a8_sums_mm(x, q, s, sums.data_ptr<int32_t>());
+}
+at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n) {
+  return w4a8_mm(x, p, sz, gs, n);
+}
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& keep, double scale) {
+  return decode_attention(q, k, v, keep, scale);
+}
+}  // namespace vk
 
 #ifndef VK_NS
 #define VK_NS variantlab_kernels

@@ -1,0 +1,174 @@
+"""variantlab's decode step: every decoder layer of a Llama-family model in one call to our kernels.
+
+transformers' eager forward runs a decode step as some forty aten ops and a dozen Python module calls per
+layer; on a 2-core CPU that costs as much as the matmuls of a 100M-parameter model, and more than all of a
+4-bit one's (benchmarks/engine_step.py). `DecodeStep` runs the same step as one C++ call over the same
+weights and transformers' own static KV cache (kernels/decode_step.cpp, which says what it computes), with
+the embedding lookup, rotary cos/sin, final norm, LM head and greedy choice around it from the model's own
+modules. The prefill, scoring and any batch above 8 rows stay on transformers' forward.
+
+It runs where `unsupported(model)` is None: a Llama, Mistral or Qwen2 decoder (RMSNorm, SiLU MLP, rotary
+attention over a static cache, biases allowed, tied embeddings allowed), fp32 or bf16 activations, on a CPU
+where our kernels run, and every linear one whose kernel it calls: fp32/bf16 (nn.Linear, KernelLinear), int8, int4,
+w8a8 or w4a8 (quant_linear.py, kernel path). Anything else keeps transformers' forward, and the reason is
+the engine's note. In fp32 its tokens are transformers' (tests/variants/test_decode_step.py).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import kernels as vk
+
+LABEL = "variantlab decode step (every decoder layer in one C++ call, AVX-512)"
+FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+ATTENTIONS = ("sdpa", "eager", "variantlab_decode")   # implementations that read transformers' own cache
+MAX_ROWS = 8
+DENSE, INT8, INT4, W8A8, W4A8 = range(5)
+PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
+               ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
+_EMPTY = torch.empty(0)
+
+
+def linear_kind(module: nn.Module, dtype: torch.dtype) -> tuple[tuple[int, int, int], tuple] | str:
+    """(kind, group size, out features) and (a, b, bias, aux) for the C++ step, or why this linear cannot run in it."""
+    from .kernel_linear import KernelLinear
+    from .quant_linear import W4A8 as W4A8Module
+    from .quant_linear import W8A8 as W8A8Module
+    from .quant_linear import Int4WeightOnly, Int8WeightOnly
+
+    name = type(module).__name__
+    bias = getattr(module, "bias", None)
+    bias = _EMPTY if bias is None else bias.detach()
+    if bias.numel() and bias.dtype != dtype:
+        return f"{name}'s bias is {bias.dtype}, the activations {dtype}"
+    if isinstance(module, KernelLinear) or type(module) is nn.Linear:
+        w = module.weight.detach()
+        if w.dtype != dtype or not w.is_contiguous():
+            return f"a {w.dtype} linear under {dtype} activations"
+        return (DENSE, 0, w.shape[0]), (w, _EMPTY, bias, _EMPTY)
+    if not hasattr(module, "path") or module.path != "kernel" or module.device_type != "cpu" or module.dtype != dtype:
+        return f"{name} (path {getattr(module, 'path', '?')}, {getattr(module, 'dtype', '?')}) has no kernel here"
+    if isinstance(module, Int8WeightOnly):
+        return (INT8, 0, module.out_features), (module.qweight, module.scales, bias, _EMPTY)
+    if isinstance(module, W8A8Module):   # each row's Σ q, once: the kernel then never sums the weights
+        sums = module.qweight.sum(1, dtype=torch.int32)
+        return (W8A8, 0, module.out_features), (module.qweight, module.scales, bias, sums)
+    if getattr(module, "k_pad", 0):
+        return f"{name} pads in_features {module.in_features} to its group size"
+    if isinstance(module, Int4WeightOnly):
+        return (INT4, module.group_size, module.out_features), (module.packed, module.scales_and_zeros, bias, _EMPTY)
+    if isinstance(module, W4A8Module) and "packed" in module._buffers:
+        return (W4A8, module.group_size, module.out_features), (module.packed, module.scales_zeros, bias, _EMPTY)
+    return f"{name} has no kernel in the decode step"
+
+
+class DecodeStep:
+    """`step(nxt, cache, mask, pos)` → next tokens (B, 1): TorchEngine's decode step, in one C++ call per step."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype, tensors: list, ints: list[int]):
+        self.model = model
+        inner = model.model
+        config = model.config
+        self.embed, self.norm, self.rotary, self.head = inner.embed_tokens, inner.norm, inner.rotary_emb, model.lm_head
+        self.dtype = dtype
+        self.tensors, self.ints = tensors, ints
+        attn = inner.layers[0].self_attn
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = attn.head_dim
+        self.scale = float(attn.scaling)
+        self.eps = float(inner.layers[0].input_layernorm.variance_epsilon)
+        self.fallback = None     # transformers' step, for the calls this one does not take (set by the engine)
+        self._lists: tuple = (None, None)
+
+    @classmethod
+    def for_model(cls, model: nn.Module) -> "DecodeStep | str":
+        """The step for `model`, or one line saying why it cannot run it."""
+        why = unsupported(model)
+        if why:
+            return why
+        dtype = model.model.embed_tokens.weight.dtype if hasattr(model.model.embed_tokens, "weight") else \
+            model.model.embed_tokens.dtype
+        if dtype not in (torch.float32, torch.bfloat16):
+            return f"its activations are {dtype} (the step takes fp32 or bf16)"
+        tensors: list = []
+        ints: list[int] = []
+        for i, layer in enumerate(model.model.layers):
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                if norm.weight.dtype != dtype:
+                    return f"layer {i}'s norm is {norm.weight.dtype} under {dtype} activations"
+                tensors.append(norm.weight.detach())
+            for parent, name in PROJECTIONS:
+                got = linear_kind(getattr(getattr(layer, parent), name), dtype)
+                if isinstance(got, str):
+                    return f"layer {i} {parent}.{name}: {got}"
+                ints.extend(got[0])
+                tensors.extend(got[1])
+        return cls(model, dtype, tensors, ints)
+
+    @staticmethod
+    def runs(batch: int, cache) -> bool:
+        """Whether this step takes a call of `batch` rows over `cache`: at most 8 rows, and a cache whose every
+        layer is transformers' plain static layer, already written by the prefill."""
+        from transformers.cache_utils import StaticLayer
+        return batch <= MAX_ROWS and all(type(la) is StaticLayer and la.is_initialized for la in cache.layers)
+
+    def _cache_lists(self, cache) -> tuple[list, list, list]:
+        if self._lists[0] is not cache:
+            layers = cache.layers
+            self._lists = (cache, ([la.keys for la in layers], [la.values for la in layers],
+                                   [la.cumulative_length for la in layers]))
+        return self._lists[1]
+
+    def __call__(self, nxt: torch.Tensor, cache, mask, pos) -> torch.Tensor:
+        batch = nxt.shape[0]
+        if self._lists[0] is not cache and not self.runs(batch, cache):
+            return self.fallback(nxt, cache, mask, pos)
+        col = int(cache.layers[0].cumulative_length)
+        length = col + 1
+        h = self.embed(nxt[:, 0]).contiguous()                                          # (B, D)
+        positions = pos if pos is not None else torch.full((batch, 1), col, dtype=torch.long)
+        cos, sin = self.rotary(h, positions)                                            # (B, 1, head_dim) each
+        keep = None if mask is None else mask[:, :length].bool()
+        keys, values, counters = self._cache_lists(cache)
+        torch.ops.variantlab_kernels.decode_layers(
+            h, self.tensors, self.ints, keys, values, counters, cos.reshape(batch, -1).contiguous(),
+            sin.reshape(batch, -1).contiguous(), keep, col, length, self.eps, self.heads, self.kv_heads,
+            self.head_dim, self.scale)
+        logits = self.head(self.norm(h))                                                # (B, V)
+        return logits.argmax(-1, keepdim=True)
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """Why `DecodeStep` cannot run `model` (one line), or None."""
+    name = type(model).__name__
+    if name not in FAMILIES:
+        return f"{name} is not one of its families ({', '.join(FAMILIES)})"
+    if not any(p.device.type == "cpu" for p in model.parameters()):
+        return "the model is not on the CPU"
+    st = vk.status()
+    if not st.available:
+        return st.reason
+    config = model.config
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act}, not silu"
+    if getattr(config, "_attn_implementation", None) not in ATTENTIONS:
+        return f"attention {config._attn_implementation!r} keeps cache layers of its own"
+    if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or ())):
+        return "some layers use sliding-window attention"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"its attention slides (a window of {config.sliding_window} positions)"
+    inner = getattr(model, "model", None)
+    if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "norm", "rotary_emb", "layers")):
+        return f"{name} lacks the Llama layout (embed_tokens, layers, norm, rotary_emb)"
+    layer = inner.layers[0]
+    if type(layer.input_layernorm).__name__ not in NORMS:
+        return f"its norm is {type(layer.input_layernorm).__name__}"
+    attn = layer.self_attn
+    if attn.head_dim > 256 or attn.head_dim % 2:
+        return f"head_dim {attn.head_dim} (the step takes even sizes up to 256)"
+    if any(hasattr(attn, a) for a in ("q_norm", "k_norm")):
+        return "its attention normalizes q and k"
+    return None

@@ -1,0 +1,111 @@
+"""variantlab's decode step (variants/decode_step.py, kernels/decode_step.cpp) against transformers' own forward:
+the same tokens, token for token, on every recipe it runs, one request and a left-padded batch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from variantlab.backends.base import GenerationRequest, run_requests
+from variantlab.backends.torch_engine import TorchEngine
+from variantlab.variants.build import VariantDefinition, build
+from variantlab.variants.decode_step import LABEL, DecodeStep, unsupported
+
+RECIPES = [("fp32", {}), ("bf16", {}), ("int8", {}), ("int4", {"group_size": 32}), ("w8a8", {}),
+           ("w4a8", {"group_size": 32})]
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tiny_model_dir, tmp_path_factory):
+    """A tiny Qwen2: grouped K/V heads (4 query, 2 K/V), q/k/v biases, tied embeddings, peaked logits."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    path = tmp_path_factory.mktemp("qwen2_step")
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, initializer_range=0.5, pad_token_id=tok.pad_token_id,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def requests(n: int, new: int = 12) -> list[GenerationRequest]:
+    return [GenerationRequest(f"r{i}", prompt_ids=tuple(range(5 + i, 12 + 3 * i)), max_new_tokens=new,
+                              stop_on_eos=False) for i in range(n)]
+
+
+def tokens(engine, reqs) -> list[tuple[int, ...]]:
+    with torch.inference_mode():
+        return [r.token_ids for r in run_requests(engine, reqs)]
+
+
+def engines(model_dir, recipe="fp32", options=None):
+    built = build(model_dir, VariantDefinition(recipe, recipe, options or {}), "cpu")
+    ours = TorchEngine(built.model, built.tokenizer, "cpu", "test")
+    theirs = TorchEngine(built.model, built.tokenizer, "cpu", "test", decode_step=False)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fp32_step_gives_transformers_tokens(our_kernels, tiny_model_dir, qwen2_dir, family):
+    ours, theirs = engines(tiny_model_dir if family == "llama" else qwen2_dir)
+    assert isinstance(ours.step, DecodeStep) and theirs.step is None
+    for n in (1, 3):    # one request (no mask), and a left-padded batch (mask, per-row positions)
+        assert tokens(ours, requests(n, 24)) == tokens(theirs, requests(n, 24))
+
+
+@pytest.mark.parametrize("recipe,options", RECIPES)
+def test_every_recipe_runs_in_the_step_with_transformers_tokens(our_kernels, qwen2_dir, recipe, options):
+    ours, theirs = engines(qwen2_dir, recipe, options)
+    assert ours.step is not None, ours.step_note
+    for n in (1, 2):
+        assert tokens(ours, requests(n)) == tokens(theirs, requests(n))
+
+
+def test_the_step_advances_the_cache_and_hands_wide_batches_to_transformers(our_kernels, tiny_model_dir):
+    ours, theirs = engines(tiny_model_dir)
+    calls = []
+    ours.step.fallback = lambda *a: calls.append(1) or theirs._forward(*a)
+    assert tokens(ours, requests(9, 6)) == tokens(theirs, requests(9, 6))    # 9 rows: above the step's 8
+    assert len(calls) == 5
+    calls.clear()
+    tokens(ours, requests(1, 6))
+    assert not calls
+    cache = ours.caches._pool[(1, 128)]
+    prompt = len(requests(1)[0].prompt_ids)
+    assert all(int(layer.cumulative_length) == prompt + 5 for layer in cache.layers)   # prefill + 5 steps
+
+
+def test_a_model_it_does_not_run_keeps_transformers_and_says_why(our_kernels, family_dirs, tiny_lm):
+    from variantlab.measure.backend_kinds.torch_kind import engine_facts
+
+    built = build(family_dirs["gpt2"], VariantDefinition("fp32"), "cpu")
+    engine = TorchEngine(built.model, built.tokenizer, "cpu", "test")
+    assert engine.step is None
+    assert "GPT2LMHeadModel is not one of its families" in engine.step_note
+    facts = engine_facts(engine, built.facts)
+    assert engine.step_note in facts.notes and LABEL not in facts.kernels
+    ours = TorchEngine(tiny_lm[0], tiny_lm[1], "cpu", "test")
+    assert LABEL in engine_facts(ours, built.facts).kernels
+
+
+def test_without_our_kernels_the_step_says_so(aten_only, tiny_lm):
+    assert "kernels are off" in unsupported(tiny_lm[0])
+
+
+def test_compile_false_given_is_transformers_modules_and_absent_is_the_step(tmp_path):
+    import yaml
+
+    from variantlab.measure.plan import plan_suite_file
+    suite = {"name": "t", "model": "builtin:tiny-structured",
+             "variants": [{"name": "default", "recipe": "fp32"}, {"name": "eager", "recipe": "fp32", "compile": False},
+                          {"name": "compiled", "recipe": "fp32", "compile": True}],
+             "workload": {"dataset": {"generator": "structured", "n": 4, "seed": 0}, "max_new_tokens": 4,
+                          "scenarios": [{"type": "single-stream", "requests": 2, "warmup": 0}]}}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    plan = plan_suite_file(tmp_path / "suite.yaml")
+    default, eager, compiled = (plan.variant(n).definition for n in ("default", "eager", "compiled"))
+    assert default.decode_step and not default.compile
+    assert not eager.decode_step and not eager.compile
+    assert compiled.compile
