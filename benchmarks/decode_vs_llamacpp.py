@@ -110,8 +110,9 @@ SHAPES = {
                  intermediate_size=2048),
     "1024x2816": dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
                       intermediate_size=2816),
+    # vocab_size padded past the tokenizer's 1,025 ids, as Qwen2's own is: its converter requires every id < it
     "qwen2-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                       intermediate_size=4864, tie_word_embeddings=True),
+                       intermediate_size=4864, tie_word_embeddings=True, vocab_size=1088),
 }
 
 
@@ -238,7 +239,7 @@ def make_checkpoint(out: Path, seed: int, shape: str = "115m") -> Path:
     from variantlab.models.loading import BUILTIN_MODELS
 
     torch.manual_seed(seed)
-    config = {**COMMON, **SHAPES[shape]}
+    config = COMMON | SHAPES[shape]
     if shape.startswith("qwen2"):
         model = Qwen2ForCausalLM(Qwen2Config(**config)).float().eval()
     else:

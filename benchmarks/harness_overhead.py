@@ -5,8 +5,8 @@ request, through TorchEngine.stream, with the scenario's stop rules on: EOS and 
 set); --stop adds stop strings (e.g. --stop '\\nQ:' also searches the rolling text tail every
 token). It runs inside torch.inference_mode(), as the worker runs its scenarios (the engine then
 skips its per-step toggle); --caller-mode normal measures a caller outside it. The bare loop is the
-same KV-cached greedy decode with nothing else: no events, no stop checks, no records, no clock
-per token.
+same decode with nothing else: the engine's own decode step (variantlab's, where it runs the model) over
+the engine's static cache; no events, no stop checks, no records, no clock per token.
 
 Both must generate exactly --tokens tokens per prompt, so the stop rules must never fire: the
 model's head gets a bias of -1e4 on every token that is EOS or holds a newline, and every stop
@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from variantlab.backends.base import FINISH_LENGTH, GenerationRequest, run_requests
 from variantlab.backends.torch_engine import TorchEngine
@@ -48,15 +47,17 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 @torch.inference_mode()
-def bare_per_token(model, ids: list[int], n_tokens: int, clock=time.perf_counter) -> float:
-    cache = DynamicCache()
-    logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits
+def bare_per_token(engine: TorchEngine, ids: list[int], n_tokens: int, clock=time.perf_counter) -> float:
+    """The engine's own decode step (`engine._decode`: our decode step, or transformers' forward where it does not
+    run the model) over the engine's static cache, with nothing else: no events, stop checks or records."""
+    model = engine.model
+    cache = engine.caches.acquire(1, len(ids) + n_tokens)
+    logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
     nxt = logits[:, -1].argmax(-1, keepdim=True)
     nxt.item()
     t0 = clock()
     for _ in range(n_tokens - 1):
-        logits = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        nxt = engine._decode(nxt, cache, None, None)
         nxt.item()
     return (clock() - t0) / (n_tokens - 1)
 
@@ -110,13 +111,13 @@ def main() -> None:
     prompts = [s["prompt"] for s in generate_samples(args.prompts, 0)]
     prompt_ids = [engine.encode(p) for p in prompts]
     for p, ids in zip(prompts, prompt_ids):  # warm up both paths (and check the harness runs to --tokens)
-        bare_per_token(model, ids, 8, clock)
+        bare_per_token(engine, ids, 8, clock)
         harness_per_token(engine, p, args.tokens, stop, inference)
     harness, bare, paired = [], [], []
     for r in range(args.rounds):  # ABBA per prompt: neither path always runs first (caches, frequency)
         for i, (p, ids) in enumerate(zip(prompts, prompt_ids)):
             run = {"harness": lambda: harness_per_token(engine, p, args.tokens, stop, inference),
-                   "bare": lambda: bare_per_token(model, ids, args.tokens, clock)}
+                   "bare": lambda: bare_per_token(engine, ids, args.tokens, clock)}
             got = {k: run[k]() for k in (("harness", "bare") if (r + i) % 2 == 0 else ("bare", "harness"))}
             harness.append(got["harness"])
             bare.append(got["bare"])

@@ -45,8 +45,8 @@ def test_decode_rows_take_our_gemv_and_prefill_stays_on_aten(our_kernels, monkey
 
 
 def test_a_variant_says_which_of_our_kernels_it_runs(our_kernels, tiny_model_dir):
-    expected = {"fp32": ["fp32_mm"], "bf16": ["bf16_mm"], "int8": ["int8_mm", "bf16_mm"],
-                "w8a8": ["w8a8_mm", "bf16_mm"], "w4a8": ["w4a8_mm", "bf16_mm"], "int4": ["bf16_mm"]}
+    expected = {"fp32": ["fp32_mm"], "bf16": ["bf16_mm"], "int8": ["int8_digits_mm", "bf16_mm"],
+                "w8a8": ["w8a8_mm", "bf16_mm"], "w4a8": ["w4a8_mm", "bf16_mm"], "int4": ["int4_digits_mm", "bf16_mm"]}
     for recipe, ops in expected.items():
         facts = build(tiny_model_dir, VariantDefinition(recipe, recipe, {"group_size": 32} if "4" in recipe else {}),
                       "cpu").facts

@@ -39,6 +39,22 @@ def test_int8_kernels_equal_the_reference(our_kernels, m, k, n, dtype):
     q, s = qp.quantize_int8_per_channel(w, dtype)
     _close(vk.int8_mm(x, q, s), kp.int8_mm_reference(x, q, s), dtype)
     _close(vk.w8a8_mm(x, q, s), kp.w8a8_mm_reference(x, q, s), dtype)
+    _close(vk.int8_digits_mm(x, q, s), kp.int8_digits_mm_reference(x, q, s), dtype)
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_two_digit_activations_are_as_close_as_bf16_ones(our_kernels, m, k, n):
+    """int8 weights × bf16 x through two int8 digits a value: off the exact product by no more than bf16's own
+    rounding of x and of the result."""
+    g = torch.Generator().manual_seed(m * k + n)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    x[:, 0] *= 20                                               # an outlier: the digits' scale is set by it
+    q, s = qp.quantize_int8_per_channel(w, torch.float32)
+    exact = kp.int8_mm_reference(x.double(), q, s.double())
+    digits = vk.int8_digits_mm(x.bfloat16(), q, s.bfloat16()).double()
+    as_bf16 = kp.int8_mm_reference(x.bfloat16().double(), q, s.bfloat16().double()).bfloat16().double()
+    scale = exact.abs().max()
+    assert (digits - exact).abs().max() <= 1.5 * (as_bf16 - exact).abs().max() + 1e-6 * scale
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
@@ -53,6 +69,8 @@ def test_int4_kernels_equal_the_reference(our_kernels, m, n, dtype, group_size):
     _close(vk.int4_mm(x, kp.pack_int4_bf16(q), sz, group_size, n), kp.int4_mm_reference(x, q, s, z, group_size), dtype)
     _close(vk.w4a8_mm(x, kp.pack_int4_vnni(q), sz, group_size, n),
            kp.w4a8_mm_reference(x, q, s, z, group_size), dtype)
+    _close(vk.int4_digits_mm(x, kp.pack_int4_vnni(q), sz, group_size, n),
+           kp.int4_digits_mm_reference(x, q, s, z, group_size), dtype)
 
 
 @pytest.mark.parametrize("n", [16, 17, 40])

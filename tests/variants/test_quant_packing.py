@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.conftest import switch_off_our_kernels
 from variantlab.variants import quant_linear as ql
 from variantlab.variants import quant_packing as qp
 
@@ -192,14 +193,24 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def test_int4_kernel_path_stores_four_bits_plus_scales():
+@pytest.mark.parametrize("ours", [False, True])
+def test_int4_kernel_path_stores_four_bits_plus_scales(monkeypatch, ours):
+    from variantlab.variants import kernels
+    if not ours:
+        switch_off_our_kernels(monkeypatch)
+    elif not kernels.available():
+        pytest.skip(kernels.status().reason)
     lin = _linear(k=256, n=64, bias=False)
     mod = ql.Int4WeightOnly(lin, torch.bfloat16, "kernel", group_size=64)
     nbytes = _nbytes(mod.state_dict().values())
     assert nbytes == 64 * 256 // 2 + (256 // 64) * 64 * 2 * 2  # packed nibbles + bf16 scale and zero per group
     assert 8 * nbytes / (64 * 256) == 4.5
-    assert _nbytes(mod.buffers()) == nbytes  # aten's layout is packed as it runs: resident = stored
-    assert set(mod.state_dict()) == {"packed", "scales_and_zeros"}
+    assert _nbytes(mod.buffers()) == nbytes  # either layout holds 4 bits a weight and the same scales
+    if ours:   # stored as nibbles, scales and zeros; read by our int4_digits_mm in W4A8's packed layout
+        assert set(mod.state_dict()) == {"qpacked", "scales", "zeros"}
+        assert set(dict(mod.named_buffers())) == {"packed", "scales_zeros"}
+    else:      # aten's layout is stored as it runs
+        assert set(mod.state_dict()) == {"packed", "scales_and_zeros"}
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])

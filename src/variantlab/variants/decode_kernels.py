@@ -39,13 +39,15 @@ def use_decode_kernels(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ..
 def with_decode_kernels(model: nn.Module, facts):
     """`use_decode_kernels` on a built or loaded variant; its facts with this machine's labels and notes
     and the resident bytes that result."""
-    from .quant_linear import W4A8
+    from .quant_linear import W4A8, Int4WeightOnly
     from .recipe import resident_bytes
 
     labels, notes = use_decode_kernels(model)
-    # W4A8's layout is this machine's choice (made at load): its label and note are read from the modules
-    w4a8 = [m for m in model.modules() if isinstance(m, W4A8) and m.path == "kernel"]
-    stale = {W4A8.OURS_LABEL, W4A8.GROUP_MAJOR_LABEL, W4A8.GROUP_MAJOR_NOTE} if w4a8 else set()
+    # W4A8's and int4's layouts are this machine's choice (made at load): their labels and notes are read from
+    # the modules
+    w4a8 = [m for m in model.modules() if isinstance(m, (W4A8, Int4WeightOnly)) and m.path == "kernel"]
+    stale = {W4A8.OURS_LABEL, W4A8.GROUP_MAJOR_LABEL, W4A8.GROUP_MAJOR_NOTE, Int4WeightOnly.OURS_LABEL,
+             "aten::_weight_int4pack_mm_for_cpu"} if w4a8 else set()
     kernels = tuple(dict.fromkeys(m.kernel for m in w4a8)) + tuple(
         k for k in facts.kernels if not is_decode_label(k) and k not in stale)
     notes = tuple(n for n in facts.notes if not is_decode_label(n) and n not in stale) + tuple(

@@ -25,7 +25,7 @@ FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
 ATTENTIONS = ("sdpa", "eager", "variantlab_decode")   # implementations that read transformers' own cache
 MAX_ROWS = 8
-DENSE, INT8, INT4, W8A8, W4A8 = range(5)
+DENSE, INT8, INT4, W8A8, W4A8, INT4_DIGITS = range(6)
 PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
                ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
 _EMPTY = torch.empty(0)
@@ -51,12 +51,15 @@ def linear_kind(module: nn.Module, dtype: torch.dtype) -> tuple[tuple[int, int, 
     if not hasattr(module, "path") or module.path != "kernel" or module.device_type != "cpu" or module.dtype != dtype:
         return f"{name} (path {getattr(module, 'path', '?')}, {getattr(module, 'dtype', '?')}) has no kernel here"
     if isinstance(module, Int8WeightOnly):
-        return (INT8, 0, module.out_features), (module.qweight, module.scales, bias, _EMPTY)
-    if isinstance(module, W8A8Module):   # each row's Σ q, once: the kernel then never sums the weights
+        sums = module.qweight.sum(1, dtype=torch.int32)   # each row's Σ q, once: the VNNI kernels never sum them
+        return (INT8, 0, module.out_features), (module.qweight, module.scales, bias, sums)
+    if isinstance(module, W8A8Module):
         sums = module.qweight.sum(1, dtype=torch.int32)
         return (W8A8, 0, module.out_features), (module.qweight, module.scales, bias, sums)
     if getattr(module, "k_pad", 0):
         return f"{name} pads in_features {module.in_features} to its group size"
+    if isinstance(module, Int4WeightOnly) and "scales_zeros" in module._buffers:
+        return (INT4_DIGITS, module.group_size, module.out_features), (module.packed, module.scales_zeros, bias, _EMPTY)
     if isinstance(module, Int4WeightOnly):
         return (INT4, module.group_size, module.out_features), (module.packed, module.scales_and_zeros, bias, _EMPTY)
     if isinstance(module, W4A8Module) and "packed" in module._buffers:
@@ -68,10 +71,9 @@ class DecodeStep:
     """`step(nxt, cache, mask, pos)` → next tokens (B, 1): TorchEngine's decode step, in one C++ call per step."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype, tensors: list, ints: list[int]):
-        self.model = model
+        self.model = model                 # its embedding, rotary, final norm and head are read at each call
         inner = model.model
         config = model.config
-        self.embed, self.norm, self.rotary, self.head = inner.embed_tokens, inner.norm, inner.rotary_emb, model.lm_head
         self.dtype = dtype
         self.tensors, self.ints = tensors, ints
         attn = inner.layers[0].self_attn
@@ -128,16 +130,17 @@ class DecodeStep:
             return self.fallback(nxt, cache, mask, pos)
         col = int(cache.layers[0].cumulative_length)
         length = col + 1
-        h = self.embed(nxt[:, 0]).contiguous()                                          # (B, D)
+        model, inner = self.model, self.model.model
+        h = inner.embed_tokens(nxt[:, 0]).contiguous()                                  # (B, D)
         positions = pos if pos is not None else torch.full((batch, 1), col, dtype=torch.long)
-        cos, sin = self.rotary(h, positions)                                            # (B, 1, head_dim) each
+        cos, sin = inner.rotary_emb(h, positions)                                       # (B, 1, head_dim) each
         keep = None if mask is None else mask[:, :length].bool()
         keys, values, counters = self._cache_lists(cache)
         torch.ops.variantlab_kernels.decode_layers(
             h, self.tensors, self.ints, keys, values, counters, cos.reshape(batch, -1).contiguous(),
             sin.reshape(batch, -1).contiguous(), keep, col, length, self.eps, self.heads, self.kv_heads,
             self.head_dim, self.scale)
-        logits = self.head(self.norm(h))                                                # (B, V)
+        logits = model.lm_head(inner.norm(h))                                           # (B, V)
         return logits.argmax(-1, keepdim=True)
 
 

@@ -14,9 +14,11 @@ name suggests (a fallback, padding, an unpacked layout).
 
 | module            | CPU kernel path                                   | CUDA kernel path (untested here)      |
 |-------------------|---------------------------------------------------|---------------------------------------|
-| Int8WeightOnly    | ours int8_mm at M = 1 (≤ 8 if K ≤ 1024), else     | int8→dtype cast + aten::mm            |
+| Int8WeightOnly    | ours int8_digits_mm (bf16 x; int8_mm fp32 x) at   | int8→dtype cast + aten::mm            |
+|                   | M = 1 (≤ 8 if K ≤ 1024), else                     |                                       |
 |                   | aten::_weight_int8pack_mm(x, q[N,K], s[N])        |                                       |
-| Int4WeightOnly    | aten::_weight_int4pack_mm_for_cpu                 | aten::_weight_int4pack_mm (bf16 only) |
+| Int4WeightOnly    | ours int4_digits_mm (bf16 x), every M; else       | aten::_weight_int4pack_mm (bf16 only) |
+|                   | aten::_weight_int4pack_mm_for_cpu                 |                                       |
 | W8A8              | ours w8a8_mm at M ≤ 8, else per-token int8 quant  | same as CPU's else; M padded to 32    |
 |                   | + torch._int_mm(xq, q.t())                        | when M ≤ 16                           |
 | W4A8              | ours w4a8_mm (int4 read packed), every M; without | torch._int_mm per group               |
@@ -297,11 +299,16 @@ class Int8WeightOnly(QuantLinear):
 
     def ours(self):
         runs = self.path == "kernel" and self.device_type == "cpu" and self.dtype in OURS_DTYPES
-        return vk.rows_label("int8_mm") if runs else None
+        if not runs:
+            return None
+        return vk.rows_label("int8_mm").replace("int8_mm", "int8_digits_mm" if self.dtype == torch.bfloat16 else
+                                                "int8_mm")
 
     def _mm(self, x):
         if self.device_type == "cpu":
-            if _ours_for("int8_mm", x):
+            if _ours_for("int8_mm", x):   # bf16 x: two int8 digits a value, VNNI (kernels.int8_digits_mm)
+                if x.dtype == torch.bfloat16:
+                    return vk.int8_digits_mm(x, self.qweight, self.scales)
                 return vk.int8_mm(x, self.qweight, self.scales)
             return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
         return F.linear(x, self.qweight.to(x.dtype)) * self.scales
@@ -372,7 +379,17 @@ class _GroupWise(QuantLinear):
 
 
 class Int4WeightOnly(_GroupWise):
-    """W4A16: int4 group-wise asymmetric weights (scale + zero per group), activations in the compute dtype."""
+    """W4A16: int4 group-wise asymmetric weights (scale + zero per group), activations in the compute dtype.
+
+    The kernel path holds one of two resident layouts, chosen when the module is built or loaded: where our
+    kernels run and the activations are bf16, W4A8's packed layout (`packed` + `scales_zeros`, 4 bits a weight)
+    read by our int4_digits_mm at every M (the activations enter VNNI dot products as two int8 digits a value:
+    16-bit fixed point per row, whose error is below bf16's own rounding; kernels/gemv_avx512.cpp); elsewhere
+    aten's int4pack layout (`packed` + `scales_and_zeros`) for aten::_weight_int4pack_mm(_for_cpu). Ours stores
+    the nibbles, scales and zeros (the python path's tensors) and makes its layout at load; aten's layout is
+    stored as it is, and an artifact that holds it (built where ours do not run, or before) keeps aten's kernel."""
+
+    OURS_LABEL = "variantlab int4_digits_mm (AVX-512 VNNI) on int4 read packed, at every M"
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64) -> None:
         super().__init__(linear, dtype, path, group_size)
@@ -383,7 +400,20 @@ class Int4WeightOnly(_GroupWise):
             self.kernel = f"python dequant int4→{name} + aten::mm ({name})"
             return
         self.n_pad = -self.out_features % 16  # the packing kernels need N divisible by 16 (CPU) / 8 (CUDA)
+        if self._ours_layout():
+            q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), group_size, dtype)
+            stored = {"qpacked": qp.pack_nibbles(q), "scales": s, "zeros": z}
+            for key, t in self._resident_form(stored).items():
+                self.register_buffer(key, t)
+            return
         q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear, self.n_pad), group_size, dtype)
+        self._register_aten(q, s, z)
+
+    def _ours_layout(self) -> bool:
+        return (self.device_type == "cpu" and self.dtype == torch.bfloat16 and self.group_size % 8 == 0
+                and vk.available())
+
+    def _register_aten(self, q, s, z) -> None:
         if self.device_type == "cpu":
             packed, self.kernel = qp.pack_int4_for_cpu(q), "aten::_weight_int4pack_mm_for_cpu"
         else:
@@ -396,8 +426,43 @@ class Int4WeightOnly(_GroupWise):
             self.notes += (f"out_features {self.out_features} padded to {self.out_features + self.n_pad} "
                            "for the int4 kernel's layout",)
 
+    def _stored_form(self, resident):
+        """Ours: packed + scales_zeros → nibbles [N, K'/2] and scales, zeros [N, G] (lossless). aten's layout and
+        the python path: as they run."""
+        if self.path == "python" or "scales_zeros" not in resident:
+            return resident
+        out = dict(resident)
+        p, sz = out.pop("packed"), out.pop("scales_zeros")
+        s, z = kp.unpack_scales_zeros(sz, self.out_features)
+        return out | {"qpacked": qp.pack_nibbles(kp.unpack_int4_vnni(p, self.out_features)),
+                      "scales": s.contiguous(), "zeros": z.contiguous()}
+
+    def _resident_form(self, stored):
+        """Nibbles, scales and zeros → ours where it runs, else aten's layout (padded to 16 rows); aten's layout
+        as it is. Sets the kernel label and notes to match."""
+        if self.path == "python" or "qpacked" not in stored:
+            return stored
+        out = dict(stored)
+        p, s, z = out.pop("qpacked"), out.pop("scales"), out.pop("zeros")
+        q = qp.unpack_nibbles(p)
+        self.notes = self._pad_note()
+        if self._ours_layout():
+            self.kernel = self.OURS_LABEL
+            return out | {"packed": kp.pack_int4_vnni(q), "scales_zeros": kp.pack_scales_zeros(s, z)}
+        if self.n_pad:   # padded rows: weight 0 (q = 8 with scale and zero 0), never read back
+            q = F.pad(q, (0, 0, 0, self.n_pad), value=8)
+            s, z = F.pad(s, (0, 0, 0, self.n_pad)), F.pad(z, (0, 0, 0, self.n_pad))
+        saved = dict(self._buffers)
+        self._register_aten(q, s, z)
+        resident = {"packed": self._buffers.pop("packed"), "scales_and_zeros": self._buffers.pop("scales_and_zeros")}
+        self._buffers.clear()
+        self._buffers.update(saved)
+        return out | resident
+
     def _mm(self, x):
         x = self._pad_x(x)
+        if "scales_zeros" in self._buffers:
+            return vk.int4_digits_mm(x, self.packed, self.scales_zeros, self.group_size, self.out_features)
         if self.device_type == "cpu":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
         else:

@@ -9,8 +9,10 @@ one file, built on first use by _build.py) read at it.
 |-------------------------------------|----------------------------------|-------------|-------------------|
 | fp32_mm(x, w)                       | fp32 [N, K] (the nn.Linear's)    | fp32        | aten::linear      |
 | bf16_mm(x, w)                       | bf16 [N, K] (the nn.Linear's)    | bf16        | aten::linear      |
-| int8_mm(x, q, s)                    | int8 [N, K] + s [N]              | bf16, fp32  | _weight_int8pack_mm |
+| int8_mm(x, q, s)                    | int8 [N, K] + s [N]              | fp32        | _weight_int8pack_mm |
+| int8_digits_mm(x, q, s)             | int8 [N, K] + s [N]              | bf16: 2 int8 digits a value | _weight_int8pack_mm |
 | int4_mm(x, p, sz, gs, N)            | packing.pack_int4_bf16 + sz      | bf16, fp32  | _weight_int4pack_mm_for_cpu |
+| int4_digits_mm(x, p, sz, gs, N)     | packing.pack_int4_vnni + sz      | bf16: 2 int8 digits a value | _weight_int4pack_mm_for_cpu |
 | w8a8_mm(x, q, s)                    | int8 [N, K] + s [N]              | int8/token  | torch._int_mm     |
 | w4a8_mm(x, p, sz, gs, N)            | packing.pack_int4_vnni + sz      | int8/token  | G × torch._int_mm |
 | decode_attention(q, k, v, keep, sc) | the KV cache [B, Hkv, L, D]      | fp32, bf16  | SDPA at q_len 1   |
@@ -57,7 +59,8 @@ def rows_label(op: str) -> str:
     rows = "1 row" if any_k == 1 else f"≤ {any_k} rows"
     return f"{op} at {rows}" + (f" (≤ {small_k} with K ≤ {SMALL_K})" if small_k != any_k else "")
 
-__all__ = ["KernelStatus", "status", "prepare", "available", "fp32_mm", "bf16_mm", "int8_mm", "int4_mm", "w8a8_mm",
+__all__ = ["KernelStatus", "status", "prepare", "available", "fp32_mm", "bf16_mm", "int8_mm", "int8_digits_mm",
+           "int4_mm", "int4_digits_mm", "w8a8_mm",
            "w4a8_mm", "decode_attention", "switched_off", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros",
            "MAX_ROWS", "OURS_UP_TO", "ours_beats_aten", "rows_label"]
 
@@ -139,6 +142,19 @@ def int4_mm(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, g
             out_features: int) -> torch.Tensor:
     """x [M, K] @ int4 group-wise weights (pack_int4_bf16, pack_scales_zeros)ᵀ → x.dtype [M, N]."""
     return _ops().int4_mm(x, packed, scales_zeros, group_size, out_features)
+
+
+def int8_digits_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ (q int8 [N, K] · scales [N])ᵀ → x.dtype [M, N], x held as two int8 digits a value on a per-row
+    scale (16-bit fixed point, packing.activation_digits) and multiplied with VNNI: int8 weight-only at decode."""
+    return _ops().int8_digits_mm(x, q, scales)
+
+
+def int4_digits_mm(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int,
+                   out_features: int) -> torch.Tensor:
+    """x [M, K] as two int8 digits a value @ int4 group-wise weights (pack_int4_vnni, pack_scales_zeros)ᵀ, VNNI:
+    int4 weight-only with bf16 activations (packing.int4_digits_mm_reference)."""
+    return _ops().int4_digits_mm(x, packed, scales_zeros, group_size, out_features)
 
 
 def w8a8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -118,9 +118,9 @@ def _register_fakes() -> None:
     def int4(x, packed, scales_zeros, group_size, out_features):
         return x.new_empty(x.shape[0], out_features)
 
-    for name in ("fp32_mm", "bf16_mm", "int8_mm", "w8a8_mm"):
+    for name in ("fp32_mm", "bf16_mm", "int8_mm", "int8_digits_mm", "w8a8_mm"):
         torch.library.register_fake(lib + name, plain)
-    for name in ("int4_mm", "w4a8_mm"):
+    for name in ("int4_mm", "int4_digits_mm", "w4a8_mm"):
         torch.library.register_fake(lib + name, int4)
 
     def attention(q, k, v, keep, scale):

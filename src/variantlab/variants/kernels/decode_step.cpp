@@ -13,8 +13,8 @@
 //   h = r + a Woᵀ;  r = h;  x = rmsnorm(h) · w_post;  h = r + (silu(x Wgᵀ) · x Wuᵀ) Wdᵀ
 //
 // Linears are given as (kind, tensors): DENSE w (fp32 or bf16, as x), INT8 q s (weight-only), INT4 packed sz
-// (aten's int4pack layout), W8A8 q s, W4A8 packed sz (ours). Each sub-step is a profiler range named for what
-// it does (variantlab_kernels::fp32_mm, ::int4pack_mm for aten's, ::rms_norm, ::rotary_embedding, ::silu_mul,
+// (aten's int4pack layout), INT4_DIGITS packed sz (ours, w4a8's layout), W8A8 q s, W4A8 packed sz (ours).
+// Each sub-step is a profiler range named for what it does (variantlab_kernels::fp32_mm, ::int4pack_mm for aten's, ::rms_norm, ::rotary_embedding, ::silu_mul,
 // ...), so `variantlab explain` still breaks a step down (explain/categories.py).
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -29,17 +29,19 @@ namespace vk {
 at::Tensor fp32(const at::Tensor& x, const at::Tensor& w);
 at::Tensor bf16(const at::Tensor& x, const at::Tensor& w);
 at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s);
+at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums);
 at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums);
 at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n);
+at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n);
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const c10::optional<at::Tensor>& keep, double scale);
 }  // namespace vk
 
 namespace {
 
-enum Kind : int64_t { DENSE = 0, INT8 = 1, INT4 = 2, W8A8 = 3, W4A8 = 4 };
+enum Kind : int64_t { DENSE = 0, INT8 = 1, INT4 = 2, W8A8 = 3, W4A8 = 4, INT4_DIGITS = 5 };
 constexpr int64_t kLinears = 7;          // q, k, v, o, gate, up, down
-constexpr int64_t kTensorsPerLinear = 4; // a, b, bias, aux (empty where none; W8A8's aux: Σ q of each row)
+constexpr int64_t kTensorsPerLinear = 4; // a, b, bias, aux (empty where none; INT8's and W8A8's: Σ q of each row)
 constexpr int64_t kIntsPerLinear = 3;    // kind, group size, out features
 constexpr int64_t kTensorsPerLayer = 2 + kLinears * kTensorsPerLinear;  // + the two norms' weights
 
@@ -70,7 +72,10 @@ at::Tensor linear(const Linear& l, const at::Tensor& x) {
       }
       break;
     case INT8:
-      if (M == 1 || small_k) {
+      if ((M == 1 || small_k) && x.scalar_type() == at::kBFloat16) {
+        VK_RANGE("int8_digits_mm");
+        y = vk::int8_digits(x, *l.a, *l.b, *l.aux);
+      } else if (M == 1 || small_k) {
         VK_RANGE("int8_mm");
         y = vk::int8(x, *l.a, *l.b);
       } else {
@@ -87,6 +92,11 @@ at::Tensor linear(const Linear& l, const at::Tensor& x) {
     case W8A8: {
       VK_RANGE("w8a8_mm");
       y = vk::w8a8(x, *l.a, *l.b, *l.aux);
+      break;
+    }
+    case INT4_DIGITS: {
+      VK_RANGE("int4_digits_mm");
+      y = vk::int4_digits(x, *l.a, *l.b, l.gs, l.n);
       break;
     }
     case W4A8: {

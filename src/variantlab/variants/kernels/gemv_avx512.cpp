@@ -757,31 +757,180 @@ at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tens
 }
 
 
-at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
-  check_2d(x, "x");
-  check_float(x, "x");
-  const int64_t M = x.size(0), K = x.size(1), G = K / gs;
-  check_int4(packed, sz, K, gs, n, 8);
-  const int64_t N16 = packed.size(0) * 16;
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> a(M), xs(M * G);
-  quantize_rows(x, xq.data(), K, a.data());
-  for (int64_t m = 0; m < M; ++m)
+// ---- int8_digits_mm: int8 weights × float activations, in VNNI integer dot products. Each activation row is
+// held as two int8 digits per value on a per-row scale a = max|x| / 127: x ≈ a·(hi + lo/256), hi = round(x/a),
+// lo = round((x/a − hi)·256), both in [−127, 127] — 16-bit fixed point per row, whose error (≤ a/512 a value)
+// is below bf16's rounding of the row's large values. Σ x·q = a·(Σ hi·q + Σ lo·q / 256): two dpbusd per 64
+// weights, where int8_mm converts every weight to fp32 (three instructions per 16: bound by them, not by
+// memory). One weight row at a time against all 2M digit rows (see dense_row1).
+
+template <int MM, typename T, typename S>
+void digits_row(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const float* a, int64_t K, int64_t n,
+                T* y, int64_t N, const int32_t* wsums) {
+  __m512i acc[MM], qs = _mm512_setzero_si512();
+  for (int m = 0; m < MM; ++m) acc[m] = _mm512_setzero_si512();
+  const __m512i ones = _mm512_set1_epi8(1);
+  const int8_t* qr = q + n * K;
+  for (int64_t k = 0; k < K; k += 64) {
+    const __mmask64 mk = K - k >= 64 ? ~0ull : (1ull << (K - k)) - 1;
+    const __m512i wv = _mm512_maskz_loadu_epi8(mk, qr + k);
+    if (!wsums) qs = _mm512_dpbusd_epi32(qs, ones, wv);
+    for (int m = 0; m < MM; ++m) acc[m] = _mm512_dpbusd_epi32(acc[m], _mm512_loadu_si512(xu + m * Kp + k), wv);
+  }
+  const int32_t wsum = wsums ? wsums[n] : _mm512_reduce_add_epi32(qs);
+  const float sc = static_cast<float>(s[n]);
+  for (int m = 0; m < MM; m += 2) {
+    const float hi = static_cast<float>(_mm512_reduce_add_epi32(acc[m]) - 128 * wsum);
+    const float lo = static_cast<float>(_mm512_reduce_add_epi32(acc[m + 1]) - 128 * wsum);
+    store(y + (m / 2) * N + n, (hi + lo * (1.f / 256.f)) * a[m / 2] * sc);
+  }
+}
+
+template <int M>
+struct Digits {
+  template <typename T, typename S>
+  static void typed(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
+                    at::Tensor& y, int64_t m0, const int32_t* wsums) {
+    const int64_t K = q.size(1), N = q.size(0);
+    const int8_t* qp = q.data_ptr<int8_t>();
+    const S* sp = s.data_ptr<S>();
+    T* yp = y.data_ptr<T>() + m0 * N;
+    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) digits_row<2 * M>(xu + 2 * m0 * Kp, Kp, qp, sp, a + m0, K, n, yp, N, wsums);
+    });
+  }
+  static void run(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
+                  at::Tensor& y, int64_t m0, const int32_t* wsums) {
+    const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
+    if (bf && sbf) typed<at::BFloat16, at::BFloat16>(xu, Kp, q, s, a, y, m0, wsums);
+    else if (bf) typed<at::BFloat16, float>(xu, Kp, q, s, a, y, m0, wsums);
+    else if (sbf) typed<float, at::BFloat16>(xu, Kp, q, s, a, y, m0, wsums);
+    else typed<float, float>(xu, Kp, q, s, a, y, m0, wsums);
+  }
+};
+
+template <typename T>
+void digits_typed(const T* p, int64_t M, int64_t K, int64_t sm, uint8_t* xu, int64_t Kp, float* a) {
+  for (int64_t m = 0; m < M; ++m) {
+    const T* row = p + m * sm;
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
+    const float am = std::max(amax / 127.f, std::numeric_limits<float>::min());
+    a[m] = am;
+    uint8_t* hi = xu + 2 * m * Kp;
+    uint8_t* lo = hi + Kp;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = static_cast<float>(row[k]) / am;
+      const float h = std::min(127.f, std::max(-127.f, std::nearbyint(v)));
+      const float l = std::min(127.f, std::max(-127.f, std::nearbyint((v - h) * 256.f)));
+      hi[k] = static_cast<uint8_t>(static_cast<int32_t>(h) + 128);   // + 128: dpbusd's unsigned operand
+      lo[k] = static_cast<uint8_t>(static_cast<int32_t>(l) + 128);
+    }
+  }
+}
+
+at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums) {
+  check_2d(q, "q");
+  check_float(x_, "x");
+  check_float(s, "scales");
+  TORCH_CHECK(x_.dim() == 2 && q.scalar_type() == at::kChar && x_.size(1) == q.size(1),
+              "int8_digits_mm: q must be int8 [N, K], x [M, K]");
+  TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), "int8_digits_mm: scales must be [N]");
+  const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
+  std::vector<uint8_t> xu(2 * M * Kp, 128);   // padding: digit 0 against masked-out weights
+  std::vector<float> a(M);
+  if (x.scalar_type() == at::kBFloat16) digits_typed(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xu.data(), Kp, a.data());
+  else digits_typed(x.data_ptr<float>(), M, K, x.stride(0), xu.data(), Kp, a.data());
+  auto y = at::empty({M, q.size(0)}, x.options());
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+    dispatch_m<Digits>(std::min(kMaxM, M - m0), (const uint8_t*)xu.data(), Kp, q, s, a.data(), y, m0, wsums);
+  return y;
+}
+
+at::Tensor int8_digits_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) {
+  return int8_digits_sums_mm(x, q, s, nullptr);
+}
+
+// yf [R, N16] = the packed int4 weights against R int8 rows xq [R, K] (their Σ per group summed here), before
+// any per-row scale: what w4a8_mm and int4_digits_mm share.
+std::vector<float> w4a8_rows_core(const std::vector<int8_t>& xq, int64_t R, const at::Tensor& packed, const at::Tensor& sz,
+                                  int64_t K, int64_t gs) {
+  const int64_t G = K / gs, N16 = packed.size(0) * 16;
+  std::vector<float> xs(R * G);
+  for (int64_t m = 0; m < R; ++m)
     for (int64_t g = 0; g < G; ++g) {
       int32_t t = 0;
       for (int64_t k = g * gs; k < (g + 1) * gs; ++k) t += xq[m * K + k];
       xs[m * G + g] = static_cast<float>(t);
     }
-  std::vector<float> yf(M * N16);
+  std::vector<float> yf(R * N16);
   const int32_t* xq4 = (const int32_t*)xq.data();
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<PackedInt4<W4A8Blocks, int32_t>::template At>(std::min(kMaxM, M - m0), packed, sz, xq4 + m0 * K / 4, xs.data() + m0 * G, K, G, gs,
-                     yf.data() + m0 * N16, N16);
+  for (int64_t m0 = 0; m0 < R; m0 += kMaxM)
+    dispatch_m<PackedInt4<W4A8Blocks, int32_t>::template At>(std::min(kMaxM, R - m0), packed, sz, xq4 + m0 * K / 4,
+                                                             xs.data() + m0 * G, K, G, gs, yf.data() + m0 * N16, N16);
+  return yf;
+}
+
+at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
+  check_2d(x, "x");
+  check_float(x, "x");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_int4(packed, sz, K, gs, n, 8);
+  const int64_t N16 = packed.size(0) * 16;
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> a(M);
+  quantize_rows(x, xq.data(), K, a.data());
+  const auto yf = w4a8_rows_core(xq, M, packed, sz, K, gs);
   auto y = at::empty({M, n}, x.options());
   if (x.scalar_type() == at::kBFloat16)
     scale_rows_into(yf.data(), N16, a.data(), M, n, y.data_ptr<at::BFloat16>());
   else
     scale_rows_into(yf.data(), N16, a.data(), M, n, y.data_ptr<float>());
+  return y;
+}
+
+// int4 weight-only with the activations as two int8 digits a value (see int8_digits_mm): row 2m of the digit
+// rows is hi, 2m + 1 lo, and y[m] = a[m]·(yf[2m] + yf[2m + 1] / 256); the packed layout is w4a8_mm's.
+template <typename T>
+void digits_signed(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, float* a) {
+  for (int64_t m = 0; m < M; ++m) {
+    const T* row = p + m * sm;
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
+    const float am = std::max(amax / 127.f, std::numeric_limits<float>::min());
+    a[m] = am;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = static_cast<float>(row[k]) / am;
+      const float h = std::min(127.f, std::max(-127.f, std::nearbyint(v)));
+      xq[2 * m * K + k] = static_cast<int8_t>(h);
+      xq[(2 * m + 1) * K + k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint((v - h) * 256.f))));
+    }
+  }
+}
+
+template <typename T>
+void combine_digits(const float* yf, int64_t N16, const float* a, int64_t M, int64_t n, T* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < n; ++j)
+      y[m * n + j] = static_cast<T>((yf[2 * m * N16 + j] + yf[(2 * m + 1) * N16 + j] * (1.f / 256.f)) * a[m]);
+}
+
+at::Tensor int4_digits_mm(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
+  check_float(x_, "x");
+  TORCH_CHECK(x_.dim() == 2, "int4_digits_mm: x must be [M, K]");
+  const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  check_int4(packed, sz, K, gs, n, 8);
+  const int64_t N16 = packed.size(0) * 16;
+  std::vector<int8_t> xq(2 * M * K);
+  std::vector<float> a(M);
+  if (x.scalar_type() == at::kBFloat16) digits_signed(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq.data(), a.data());
+  else digits_signed(x.data_ptr<float>(), M, K, x.stride(0), xq.data(), a.data());
+  const auto yf = w4a8_rows_core(xq, 2 * M, packed, sz, K, gs);
+  auto y = at::empty({M, n}, x.options());
+  if (x.scalar_type() == at::kBFloat16) combine_digits(yf.data(), N16, a.data(), M, n, y.data_ptr<at::BFloat16>());
+  else combine_digits(yf.data(), N16, a.data(), M, n, y.data_ptr<float>());
   return y;
 }
 
@@ -846,6 +995,14 @@ at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, c
               "w8a8: sums must be int32 [N]");
   return w8a8_sums_mm(x, q, s, sums.data_ptr<int32_t>());
 }
+at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums) {
+  TORCH_CHECK(sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == q.size(0),
+              "int8_digits: sums must be int32 [N]");
+  return int8_digits_sums_mm(x, q, s, sums.data_ptr<int32_t>());
+}
+at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n) {
+  return int4_digits_mm(x, p, sz, gs, n);
+}
 at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n) {
   return w4a8_mm(x, p, sz, gs, n);
 }
@@ -864,6 +1021,8 @@ TORCH_LIBRARY(VK_NS, m) {
   m.def("int8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("int4_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
   m.def("w8a8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
+  m.def("int8_digits_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
+  m.def("int4_digits_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
   m.def("w4a8_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? keep, float scale) -> Tensor");
 }
@@ -874,6 +1033,8 @@ TORCH_LIBRARY_IMPL(VK_NS, CPU, m) {
   m.impl("int8_mm", &int8_mm);
   m.impl("int4_mm", &int4_mm);
   m.impl("w8a8_mm", &w8a8_mm);
+  m.impl("int8_digits_mm", &int8_digits_mm);
+  m.impl("int4_digits_mm", &int4_digits_mm);
   m.impl("w4a8_mm", &w4a8_mm);
   m.impl("decode_attention", &decode_attention);
 }

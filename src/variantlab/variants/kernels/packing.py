@@ -107,6 +107,30 @@ def int4_mm_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, z: torc
     return _out(x, qp.dequantize_int4_groupwise(q, s, z, group_size, torch.float32))
 
 
+def activation_digits(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] as two int8 digits per value on a per-row scale: (hi, lo, a) with x ≈ a·(hi + lo/256), as
+    int8_digits_mm holds its activations (a = max|x| / 127; both digits rounded half to even, in [−127, 127])."""
+    xf = x.float()
+    a = (xf.abs().amax(dim=-1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    v = xf / a
+    hi = torch.round(v).clamp(-127, 127)
+    lo = torch.round((v - hi) * 256).clamp(-127, 127)
+    return hi, lo, a
+
+
+def int8_digits_mm_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    hi, lo, a = activation_digits(x)
+    qd = q.double().t()
+    return (((hi.double() @ qd) + (lo.double() @ qd) / 256) * a.double() * s.double()).to(x.dtype)
+
+
+def int4_digits_mm_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, z: torch.Tensor,
+                             group_size: int) -> torch.Tensor:
+    hi, lo, a = activation_digits(x)
+    w = qp.dequantize_int4_groupwise(q, s, z, group_size, torch.float64).t()
+    return (((hi.double() @ w) + (lo.double() @ w) / 256) * a.double()).to(x.dtype)
+
+
 def w8a8_mm_reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     xq, a = qp.quantize_int8_per_token(x)
     acc = xq.to(torch.int32) @ q.to(torch.int32).t()  # exact
