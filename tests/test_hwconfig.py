@@ -227,6 +227,16 @@ def test_auto_resolves_per_workload_and_keeps_an_explicit_compile(recorded_machi
     assert v.definition.recipe in ("int8", "int4") and v.definition.compile is False
 
 
+def test_auto_never_compiles_a_model_our_decode_step_runs(recorded_machine, tmp_path, our_kernels):
+    """Compiling swaps our decode step for transformers' modules: where the step runs the model, auto keeps it."""
+    from variantlab.measure.plan import plan_suite_file
+    v = plan_suite_file(write_suite(tmp_path, extra="    options: {workload: batch-heavy}")).variant("auto")
+    assert v.definition.compile is False and v.definition.decode_step
+    rule = next(c for c in v.resolved["config"]["choices"] if c["name"] == "compile")
+    if rule["value"]:   # the rule alone would compile: the note says why it does not
+        assert "decode step runs this model" in " ".join(v.resolved["config"]["notes"])
+
+
 def test_auto_with_options_it_cannot_take_is_one_line_naming_file_and_field(recorded_machine, tmp_path):
     from variantlab.measure.plan import plan_suite_file
     for extra in ("    options: {group_size: 64}", "    options: {candidates: [int3]}",

@@ -75,6 +75,33 @@ def test_an_artifact_gets_this_machines_kernels_when_loaded(our_kernels, tiny_mo
     assert loaded.facts.extra["resident_bytes"] < built.facts.extra["resident_bytes"]   # int4 stays packed
 
 
+def test_an_int4_artifact_loads_on_either_kind_of_machine(our_kernels, tiny_model_dir, tmp_path):
+    """int4 built where ours run stores nibbles, and loads as aten's layout where they do not (the same
+    weights); built where they do not, it stores aten's layout and keeps aten's kernel wherever it loads."""
+    from variantlab.variants import quant_linear as ql
+    from variantlab.variants.build import load, save
+    definition = VariantDefinition("int4", "int4", {"group_size": 32})
+    ours = build(tiny_model_dir, definition, "cpu")
+    save(ours, tiny_model_dir, tmp_path / "ours")
+    with pytest.MonkeyPatch.context() as mp:
+        switch_off_our_kernels(mp)
+        elsewhere = load(tmp_path / "ours")
+        assert ql.Int4WeightOnly.OURS_LABEL not in elsewhere.facts.kernels
+        assert "aten::_weight_int4pack_mm_for_cpu" in elsewhere.facts.kernels
+        x = torch.randn(3, 128).bfloat16()
+        for name, m in ours.model.named_modules():
+            if isinstance(m, ql.Int4WeightOnly) and m.in_features == 128:
+                other = elsewhere.model.get_submodule(name)
+                assert "scales_and_zeros" in other._buffers and "scales_zeros" in m._buffers
+                a, b = m(x).float(), other(x).float()   # the same weights: apart by bf16's rounding only
+                assert ((a - b).abs().max() / b.abs().max()).item() < 2 ** -6
+        aten_built = build(tiny_model_dir, definition, "cpu")
+        save(aten_built, tiny_model_dir, tmp_path / "aten")
+    loaded = load(tmp_path / "aten")
+    assert "aten::_weight_int4pack_mm_for_cpu" in loaded.facts.kernels
+    assert ql.Int4WeightOnly.OURS_LABEL in ours.facts.kernels
+
+
 def _decode_logits(model, vocab: int, steps: int = 3) -> torch.Tensor:
     """Logits of `steps` one-token decode steps after a 9-token prefill, on fixed tokens (teacher-forced,
     so both sides compute the same positions whatever they would pick)."""

@@ -109,3 +109,14 @@ def test_compile_false_given_is_transformers_modules_and_absent_is_the_step(tmp_
     assert default.decode_step and not default.compile
     assert not eager.decode_step and not eager.compile
     assert compiled.compile
+
+
+def test_planning_knows_which_checkpoints_the_step_runs(our_kernels, tiny_model_dir, qwen2_dir, family_dirs):
+    import json
+
+    from variantlab.variants.decode_step import runs_config
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert runs_config(config) and runs_config(json.loads((qwen2_dir / "config.json").read_text()))
+    assert not runs_config(json.loads((family_dirs["gpt2"] / "config.json").read_text()))
+    assert not runs_config(config | {"architectures": ["MistralForCausalLM"], "sliding_window": 16})
+    assert not runs_config(config | {"hidden_act": "gelu"})

@@ -275,3 +275,14 @@ def test_w4a8_holds_four_bits_for_our_kernel(our_kernels, group_size):
     assert stored.keys() == reference.keys()
     for name, t in reference.items():
         assert torch.equal(stored[name], t), name
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_aten_int4_layout_reads_back_exactly(group_size):
+    """An int4 artifact stored as nibbles but loaded where only aten's layout runs can be saved again: the
+    nibbles come back from aten's layout through its own kernel, exactly."""
+    n, k = 48, 256
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(group_size)) * 3
+    q, s, z = qp.quantize_int4_groupwise(w, group_size, torch.bfloat16)
+    got_q, got_s, got_z = qp.unpack_int4_from_cpu(qp.pack_int4_for_cpu(q), qp.scales_and_zeros(s, z), group_size, n, k)
+    assert torch.equal(got_q, q.to(torch.uint8)) and torch.equal(got_s, s) and torch.equal(got_z, z)

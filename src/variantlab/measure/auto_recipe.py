@@ -146,6 +146,7 @@ class AutoRecipe:
         """The concrete recipe for this machine and the suite's workload (never raises for unknown
         hardware: the fallback is fp32, with a note)."""
         from ..hwconfig import BATCH_HEAVY, DECODE_HEAVY, machine_config
+        from ..variants.decode_step import runs_config
         from ..device_facts import available_cores
 
         opts = parse_options(self, options, file=file, field=f"{field}.options" if field else None)
@@ -167,6 +168,10 @@ class AutoRecipe:
         cfg = machine_config(workload, device=_device(suite.device), shape=shape[0] if shape else None,
                              parameters=shape[1] if shape else None, threads=suite.threads or available_cores(),
                              candidates=candidates)
+        if cfg.compile and runs_config(config):   # compiling would swap our decode step for transformers' modules
+            cfg = replace(cfg, compile=False)
+            notes.append("compile: off after all — variantlab's decode step runs this model without compiling "
+                         "(docs/engine.md); compiling would run transformers' modules instead")
         if notes:
             cfg = replace(cfg, notes=cfg.notes + tuple(notes))
         return Resolution(cfg.recipe, dict(cfg.options), cfg.compile, cfg.summary(), cfg.to_json())

@@ -144,6 +144,16 @@ class DecodeStep:
         return logits.argmax(-1, keepdim=True)
 
 
+def runs_config(config: dict) -> bool:
+    """Whether the step would run a checkpoint of this config.json here (family, SiLU, no sliding window, our
+    kernels): what planning reads before choosing to compile (measure/auto_recipe.py)."""
+    archs = config.get("architectures") or ()
+    sliding = config.get("sliding_window") and config.get("use_sliding_window", True)
+    layer_types = config.get("layer_types") or ()
+    return (bool(archs) and archs[0] in FAMILIES and config.get("hidden_act", "silu") == "silu" and not sliding
+            and all(t == "full_attention" for t in layer_types) and vk.available())
+
+
 def unsupported(model: nn.Module) -> str | None:
     """Why `DecodeStep` cannot run `model` (one line), or None."""
     name = type(model).__name__

@@ -390,6 +390,7 @@ class Int4WeightOnly(_GroupWise):
     stored as it is, and an artifact that holds it (built where ours do not run, or before) keeps aten's kernel."""
 
     OURS_LABEL = "variantlab int4_digits_mm (AVX-512 VNNI) on int4 read packed, at every M"
+    stored_as = "aten"   # or "nibbles": what state_dict() holds (an artifact from before records neither: aten)
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64) -> None:
         super().__init__(linear, dtype, path, group_size)
@@ -401,6 +402,7 @@ class Int4WeightOnly(_GroupWise):
             return
         self.n_pad = -self.out_features % 16  # the packing kernels need N divisible by 16 (CPU) / 8 (CUDA)
         if self._ours_layout():
+            self.stored_as = "nibbles"
             q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), group_size, dtype)
             stored = {"qpacked": qp.pack_nibbles(q), "scales": s, "zeros": z}
             for key, t in self._resident_form(stored).items():
@@ -427,15 +429,21 @@ class Int4WeightOnly(_GroupWise):
                            "for the int4 kernel's layout",)
 
     def _stored_form(self, resident):
-        """Ours: packed + scales_zeros → nibbles [N, K'/2] and scales, zeros [N, G] (lossless). aten's layout and
-        the python path: as they run."""
-        if self.path == "python" or "scales_zeros" not in resident:
+        """What `stored_as` says, from either resident layout, losslessly: nibbles [N, K'/2] and scales, zeros
+        [N, G] (from ours, or read back from aten's through its kernel), or aten's layout as it runs. The python
+        path: as it runs."""
+        if self.path == "python" or self.stored_as != "nibbles":
             return resident
         out = dict(resident)
-        p, sz = out.pop("packed"), out.pop("scales_zeros")
-        s, z = kp.unpack_scales_zeros(sz, self.out_features)
-        return out | {"qpacked": qp.pack_nibbles(kp.unpack_int4_vnni(p, self.out_features)),
-                      "scales": s.contiguous(), "zeros": z.contiguous()}
+        if "scales_zeros" in out:
+            p, sz = out.pop("packed"), out.pop("scales_zeros")
+            s, z = kp.unpack_scales_zeros(sz, self.out_features)
+            q = kp.unpack_int4_vnni(p, self.out_features)
+        else:
+            k = self.in_features + self.k_pad
+            q, s, z = qp.unpack_int4_from_cpu(out.pop("packed"), out.pop("scales_and_zeros"), self.group_size,
+                                              self.out_features, k)
+        return out | {"qpacked": qp.pack_nibbles(q), "scales": s.contiguous(), "zeros": z.contiguous()}
 
     def _resident_form(self, stored):
         """Nibbles, scales and zeros → ours where it runs, else aten's layout (padded to 16 rows); aten's layout

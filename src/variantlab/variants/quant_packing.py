@@ -121,6 +121,21 @@ def pack_int4_for_cpu(q: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
 
 
+def unpack_int4_from_cpu(packed: torch.Tensor, sz: torch.Tensor, group_size: int, n: int, k: int
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """aten's CPU int4 layout (pack_int4_for_cpu, scales_and_zeros) → (q [n, k] uint8 in [0, 15], s, z [n, G]):
+    the weights read back through the kernel itself (the identity times W, exact in fp32), then each q solved
+    from its group's scale and zero. Meta tensors give meta tensors of those shapes."""
+    s, z = sz[:, :n, 0].t().contiguous(), sz[:, :n, 1].t().contiguous()
+    if packed.is_meta:
+        return torch.empty(n, k, dtype=torch.uint8, device="meta"), s, z
+    eye = torch.eye(k, dtype=sz.dtype)
+    w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, group_size, sz).t()[:n].float()   # [n, k]
+    g = k // group_size
+    q = ((w.reshape(n, g, group_size) - z.float()[..., None]) / s.float()[..., None]).round() + INT4_MID
+    return q.clamp(0, 15).reshape(n, k).to(torch.uint8), s, z
+
+
 def pack_int4_for_cuda(q: torch.Tensor, inner_k_tiles: int = 8) -> torch.Tensor:
     """q [N, K] in [0, 15] → the tensor-core layout of aten::_weight_int4pack_mm (CUDA; untested here).
 
