@@ -8,6 +8,7 @@ child process whose output is shown only when it fails. variantlab builds the sa
 activations to 8 bits a block and multiply in integers, as our w8a8 and w4a8 do):
 
     F32 <-> fp32    BF16 <-> bf16    Q8_0 <-> int8, w8a8    Q4_0 <-> int4, w4a8 (group_size 32, Q4_0's block)
+    Q4_1 <-> int4, w4a8: by bytes (Q4_1 and our group-wise int4 both hold 5.0 bits a weight; Q4_0 4.5)
 
 Each side runs in a worker process of its own (spawned, so that the two OpenMP runtimes, heaps and
 thread settings never meet), with 2 threads, greedy, on the same prompt token ids (BOS included),
@@ -102,7 +103,10 @@ class Pair:
 # Paired by name and by what the kernels do: llama.cpp's Q8_0 and Q4_0 quantize the activations to 8 bits per
 # block and multiply in integers, as our w8a8 and w4a8 do; our int8 and int4 keep the activations in bf16.
 PAIRS = (Pair("F32", "fp32"), Pair("BF16", "bf16"), Pair("Q8_0", "int8"), Pair("Q8_0", "w8a8"),
-         Pair("Q4_0", "int4", (("group_size", 32),)), Pair("Q4_0", "w4a8", (("group_size", 32),)))
+         Pair("Q4_0", "int4", (("group_size", 32),)), Pair("Q4_0", "w4a8", (("group_size", 32),)),
+         # by bytes: Q4_1 keeps a minimum beside each 32-weight block's scale, 5.0 bits a weight as our
+         # group-wise int4 (a scale and a zero point per 32 weights); Q4_0 keeps the scale alone, 4.5
+         Pair("Q4_1", "int4", (("group_size", 32),)), Pair("Q4_1", "w4a8", (("group_size", 32),)))
 
 # The model shapes of issue 25's goals, random weights, the shipped 1k-token tokenizer.
 SHAPES = {
@@ -332,8 +336,8 @@ def print_table(results: list[PairResult], new_tokens: int) -> None:
     if "fp32" in by:
         f = by["fp32"]
         for name in ("int4", "w4a8"):
-            if name in by:
-                q = by[name]
+            q = next((r for r in results if r.pair.recipe == name and r.pair.gguf == "Q4_0"), None)
+            if q is not None:
                 lc = statistics.median(f.llama_tpot) / statistics.median(q.llama_tpot)
                 ours = statistics.median(f.vl_tpot) / statistics.median(q.vl_tpot)
                 print(f"low-bit speedup over fp32: llama.cpp Q4_0/F32 {lc:.2f}x, variantlab {name}/fp32 {ours:.2f}x "
@@ -358,7 +362,7 @@ def main() -> None:
     ap.add_argument("--shape", default="115m", choices=sorted(SHAPES),
                     help="the random-weight model's shape, without --model (default 115m)")
     ap.add_argument("--precisions", default=",".join(dict.fromkeys(p.gguf for p in PAIRS)),
-                    help="a subset of F32,BF16,Q8_0,Q4_0")
+                    help="a subset of F32,BF16,Q8_0,Q4_0,Q4_1")
     ap.add_argument("--recipes", default=",".join(p.recipe for p in PAIRS),
                     help="a subset of fp32,bf16,int8,w8a8,int4,w4a8 (each with its GGUF type)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the checkpoint and GGUF files here")
@@ -373,7 +377,7 @@ def main() -> None:
     wanted, recipes = args.precisions.split(","), args.recipes.split(",")
     unknown = set(wanted) - {p.gguf for p in PAIRS}
     if unknown:
-        raise SystemExit(f"--precisions: unknown {sorted(unknown)}; accepted: F32, BF16, Q8_0, Q4_0")
+        raise SystemExit(f"--precisions: unknown {sorted(unknown)}; accepted: F32, BF16, Q8_0, Q4_0, Q4_1")
     if set(recipes) - {p.recipe for p in PAIRS}:
         raise SystemExit(f"--recipes: unknown {sorted(set(recipes) - {p.recipe for p in PAIRS})}; accepted: "
                          f"{', '.join(p.recipe for p in PAIRS)}")
@@ -398,7 +402,7 @@ def main() -> None:
         files = {"F32": f32}
         if "BF16" in wanted:
             files["BF16"] = made(work / f"{stem}-BF16.gguf", lambda p: convert(llama_cpp_dir, model_dir, p, "BF16"))
-        for q in ("Q8_0", "Q4_0"):
+        for q in ("Q8_0", "Q4_0", "Q4_1"):
             if q in wanted:
                 files[q] = made(work / f"{stem}-{q}.gguf", lambda p, q=q: quantize(f32, p, q, args.threads))
         ids = prompt_ids(model_dir, args.prompt_tokens, args.seed)

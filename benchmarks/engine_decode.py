@@ -5,9 +5,11 @@ Arms (each the same variant of the same random-weight Llama, in this one process
     before     transformers' growing DynamicCache and aten's kernels (the engine as issue 9 found it,
                less its full-vocabulary logits)
     aten       the preallocated static cache, aten's kernels
-    ours       the static cache and our decode kernels (variants/kernels: GEMV, int8/int4 matmuls and
-               decode attention) where they run: the engine as it ships
-    compiled   `ours` with the decode step compiled (torch.compile, inductor, static shapes): what
+    eager      the static cache and our decode kernels (variants/kernels: GEMV, int8/int4 matmuls and
+               decode attention) under transformers' own modules: a variant's `compile: false`
+    ours       the same kernels with every decoder layer in one C++ call (variants/decode_step.py): the
+               engine as it ships, what a variant gets by default
+    compiled   `eager` with the decode step compiled (torch.compile, inductor, static shapes): what
                `compile: true` runs (--compile to include it; its compile time is printed)
 
 The model is benchmarks/decode_vs_llamacpp.py's (hidden 768, 16 layers, 12 heads, intermediate 2048,
@@ -90,9 +92,11 @@ def arms_for(recipe: str, model_dir: Path, with_compile: bool) -> list[Arm]:
     definition = VariantDefinition(recipe, recipe, OPTIONS.get(recipe, {}))
     with vk.switched_off("by the benchmark"):
         plain = build(model_dir, definition, "cpu")
-    arms = [Arm("before", TorchEngine(plain.model, plain.tokenizer, "cpu", static_cache=False), True),
-            Arm("aten", TorchEngine(plain.model, plain.tokenizer, "cpu"), True)]
+    arms = [Arm("before", TorchEngine(plain.model, plain.tokenizer, "cpu", static_cache=False, decode_step=False),
+                True),
+            Arm("aten", TorchEngine(plain.model, plain.tokenizer, "cpu", decode_step=False), True)]
     ours = build(model_dir, definition, "cpu")
+    arms.append(Arm("eager", TorchEngine(ours.model, ours.tokenizer, "cpu", decode_step=False), False))
     arms.append(Arm("ours", TorchEngine(ours.model, ours.tokenizer, "cpu"), False))
     if with_compile:
         arms.append(Arm("compiled", TorchEngine(ours.model, ours.tokenizer, "cpu", compile_step=True), False))

@@ -22,8 +22,8 @@
 // Rows are split between threads with at::parallel_for (torch's OpenMP pool, torch.set_num_threads).
 // At M = 1 the row-major kernels (fp32, bf16, int8, w8a8) read one row at a time, front to back, so that
 // each thread's share of W is one sequential stream: reading 4 rows at once (4 streams of one short row
-// each, 768-3072 bytes at these widths) kept the hardware prefetcher from ramping up, and read at 10-25
-// GB/s where one stream reads at 15-30 (benchmarks/decode_kernels.py; -DVK_NO_ROW1 builds the old way).
+// each, 768-3072 bytes at these widths) kept the hardware prefetcher from ramping up, and read at 14-27
+// GB/s where one stream reads at 22-29 (benchmarks/kernel_rows.py; -DVK_NO_ROW1 builds the old way).
 // M > 8 is run in chunks of 8 rows of x (each chunk reads W again): these kernels are for decode;
 // callers keep aten for prefill. Compiled with -mavx512f/bw/vl/bf16/vnni: loading it on a CPU without
 // those is prevented in Python (kernels/_build.py checks the CPU flags first).

@@ -1,0 +1,100 @@
+"""Do the two instruments agree? `variantlab bench` and benchmarks/decode_vs_llamacpp.py on the same variants,
+alternated A B A B in one run, their decode TPOT compared per variant (issue 25: within 5%).
+
+Each repetition runs `variantlab bench` (one round of a suite of the chosen torch recipes and GGUF types,
+single-stream, 64 new tokens, no stop string that can occur) and then decode_vs_llamacpp.py (one pair per
+recipe), on the same checkpoint and the same GGUF files; the machine's drift (its memory bandwidth moves by
+±20% over minutes here) lands on both alike. Printed per variant: the bench's TPOT p50 (median over the
+repetitions), the script's (1 / its tok/s, median), their ratio, and whether it is within 5%.
+
+    python benchmarks/instruments_agree.py --workdir DIR [--shape 115m] [--reps 3]
+        [--recipes fp32,int4,w4a8] [--precisions F32,Q4_0]
+
+--workdir: where decode_vs_llamacpp.py --workdir keeps the checkpoint and GGUFs (made here when missing).
+Never part of the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).parent
+OPTIONS = {"int4": {"group_size": 32}, "w4a8": {"group_size": 32}}
+
+
+def suite(model: Path, recipes: list[str], ggufs: list[str]) -> dict:
+    variants = [{"name": r, "recipe": r, **({"options": OPTIONS[r]} if r in OPTIONS else {})} for r in recipes]
+    variants += [{"name": f"gguf-{g.lower()}", "backend": "llamacpp", "gguf_type": g} for g in ggufs]
+    return {"name": "instruments", "model": str(model), "baseline": recipes[0], "rounds": 1, "variants": variants,
+            "workload": {"dataset": {"generator": "structured", "n": 8, "seed": 0}, "max_new_tokens": 64,
+                         "stop": ["@@@@"], "scenarios": [{"type": "single-stream", "requests": 6, "warmup": 2}],
+                         "accuracy": {"samples": 0, "graded": 0}}}
+
+
+def bench_tpot(suite_path: Path, store: Path) -> dict[str, float]:
+    cli = [sys.executable, "-c", "from variantlab.cli import app; app()"]
+    out = subprocess.run(cli + ["bench", str(suite_path), "--store", str(store), "--json"], capture_output=True,
+                         text=True, timeout=1800, cwd=suite_path.parent)
+    if out.returncode:
+        raise SystemExit(f"variantlab bench failed: {out.stderr.strip().splitlines()[-1:]}")
+    data = json.loads(out.stdout)
+    row = next(r for r in data["comparison"]["rows"] if r["key"].startswith("single-stream.tpot_p50"))
+    return {name: cell["value"] for name, cell in row["cells"].items() if cell.get("value") is not None}
+
+
+def script_tpot(args, model: Path) -> dict[str, float]:
+    cmd = [sys.executable, str(HERE / "decode_vs_llamacpp.py"), "--model", str(model), "--workdir", str(args.workdir),
+           "--pairs", "1", "--recipes", args.recipes, "--precisions", args.precisions]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"decode_vs_llamacpp.py failed: {out.stderr.strip().splitlines()[-1:]}")
+    got: dict[str, float] = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"^(\S+) <-> (\S+)(?: g\d+)?\s+([\d.]+)\s+([\d.]+)\s", line)
+        if m:
+            got[f"gguf-{m.group(1).lower()}"] = 1 / float(m.group(3))
+            got[m.group(2)] = 1 / float(m.group(4))
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--shape", default="115m")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--recipes", default="fp32,int4,w4a8")
+    ap.add_argument("--precisions", default="F32,Q4_0")
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model = args.workdir / f"checkpoint-{args.shape}-seed0"
+    if not (model / "config.json").is_file():
+        sys.path.insert(0, str(HERE))
+        from decode_vs_llamacpp import make_checkpoint
+        make_checkpoint(model, 0, args.shape)
+    path = args.workdir / "instruments.yaml"
+    path.write_text(yaml.safe_dump(suite(model, args.recipes.split(","), args.precisions.split(","))))
+    bench: dict[str, list[float]] = {}
+    script: dict[str, list[float]] = {}
+    for rep in range(args.reps):
+        for name, tpot in bench_tpot(path, args.workdir / "instruments.sqlite").items():
+            bench.setdefault(name, []).append(tpot)
+        for name, tpot in script_tpot(args, model).items():
+            script.setdefault(name, []).append(tpot)
+        print(f"  repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
+    print(f"{args.shape}, {args.reps} repetitions of (bench, script); TPOT medians, ms")
+    print(f"{'variant':12} {'bench':>8} {'script':>8} {'bench/script':>13}  within 5%")
+    for name in bench:
+        if name in script:
+            b, s = statistics.median(bench[name]), statistics.median(script[name])
+            print(f"{name:12} {1e3 * b:8.2f} {1e3 * s:8.2f} {b / s:13.3f}  {'yes' if abs(b / s - 1) <= 0.05 else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
