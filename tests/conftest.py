@@ -232,22 +232,27 @@ def nan_model_copy(source: Path, folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def qwen2_688_dir(tiny_model_dir, tmp_path_factory):
-    """A tiny random Qwen2ForCausalLM whose MLP is Qwen2-style in width: intermediate_size 688 = 16 × 43, which
-    no group size of 32, 64 or 128 divides (hidden 64, 2 layers, 4 query and 2 K/V heads, a tied head)."""
+def tiny_qwen2(tiny_model_dir, path: Path, intermediate: int, initializer_range: float) -> Path:
+    """A tiny random Qwen2ForCausalLM (hidden 64, 2 layers, 4 query and 2 K/V heads, q/k/v biases, a tied head)
+    with the session's tokenizer, saved in `path`."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    path = tmp_path_factory.mktemp("qwen2_688")
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=688, num_hidden_layers=2,
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=intermediate, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, initializer_range=0.2, pad_token_id=tok.pad_token_id,
+                         tie_word_embeddings=True, initializer_range=initializer_range, pad_token_id=tok.pad_token_id,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def qwen2_688_dir(tiny_model_dir, tmp_path_factory):
+    """A tiny Qwen2 whose MLP is Qwen2-style in width: intermediate_size 688 = 16 × 43, which no group size of 32,
+    64 or 128 divides."""
+    return tiny_qwen2(tiny_model_dir, tmp_path_factory.mktemp("qwen2_688"), 688, 0.2)
 
 
 @pytest.fixture(scope="session")

@@ -17,17 +17,8 @@ RECIPES = [("fp32", {}), ("bf16", {}), ("int8", {}), ("int4", {"group_size": 32}
 @pytest.fixture(scope="module")
 def qwen2_dir(tiny_model_dir, tmp_path_factory):
     """A tiny Qwen2: grouped K/V heads (4 query, 2 K/V), q/k/v biases, tied embeddings, peaked logits."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    path = tmp_path_factory.mktemp("qwen2_step")
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, initializer_range=0.5, pad_token_id=tok.pad_token_id,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    from tests.conftest import tiny_qwen2
+    return tiny_qwen2(tiny_model_dir, tmp_path_factory.mktemp("qwen2_step"), 128, 0.5)
 
 
 def requests(n: int, new: int = 12) -> list[GenerationRequest]:

@@ -371,6 +371,18 @@ class _GroupWise(QuantLinear):
         self.register_buffer("scales", s)                     # [N, G] dtype
         self.register_buffer("zeros", z)                      # [N, G] dtype
 
+    def _unpack_stored(self, stored: dict) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The stored nibbles, scales and zeros taken out of `stored`: (the rest, q [N, K'], s, z); notes reset."""
+        out = dict(stored)
+        p, s, z = out.pop("qpacked"), out.pop("scales"), out.pop("zeros")
+        self.notes = self._pad_note()
+        return out, qp.unpack_nibbles(p), s, z
+
+    def _ours_resident(self, out: dict, q, s, z, label: str) -> dict:
+        """W4A8's packed layout (kernels/packing.py) of q, s, z, read by our VNNI kernels."""
+        self.kernel = label
+        return out | {"packed": kp.pack_int4_vnni(q), "scales_zeros": kp.pack_scales_zeros(s, z)}
+
     def _pad_note(self) -> tuple[str, ...]:
         if not self.k_pad:
             return ()
@@ -450,13 +462,9 @@ class Int4WeightOnly(_GroupWise):
         as it is. Sets the kernel label and notes to match."""
         if self.path == "python" or "qpacked" not in stored:
             return stored
-        out = dict(stored)
-        p, s, z = out.pop("qpacked"), out.pop("scales"), out.pop("zeros")
-        q = qp.unpack_nibbles(p)
-        self.notes = self._pad_note()
+        out, q, s, z = self._unpack_stored(stored)
         if self._ours_layout():
-            self.kernel = self.OURS_LABEL
-            return out | {"packed": kp.pack_int4_vnni(q), "scales_zeros": kp.pack_scales_zeros(s, z)}
+            return self._ours_resident(out, q, s, z, self.OURS_LABEL)
         if self.n_pad:   # padded rows: weight 0 (q = 8 with scale and zero 0), never read back
             q = F.pad(q, (0, 0, 0, self.n_pad), value=8)
             s, z = F.pad(s, (0, 0, 0, self.n_pad)), F.pad(z, (0, 0, 0, self.n_pad))
@@ -531,13 +539,9 @@ class W4A8(_GroupWise):
         load; inverse of `_stored_form`. Sets the kernel label and notes to match."""
         if self.path == "python":
             return stored
-        out = dict(stored)
-        p, s, z = out.pop("qpacked"), out.pop("scales"), out.pop("zeros")
-        q = qp.unpack_nibbles(p)
-        self.notes = self._pad_note()
+        out, q, s, z = self._unpack_stored(stored)
         if self._vnni_layout():
-            self.kernel = self.OURS_LABEL
-            return out | {"packed": kp.pack_int4_vnni(q), "scales_zeros": kp.pack_scales_zeros(s, z)}
+            return self._ours_resident(out, q, s, z, self.OURS_LABEL)
         self.kernel = self.GROUP_MAJOR_LABEL
         self.notes += (self.GROUP_MAJOR_NOTE,)
         return out | {"qweight": qp.int4_group_major(q, self.group_size),

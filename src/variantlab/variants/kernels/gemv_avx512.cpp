@@ -681,12 +681,17 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 // Read in place (fp32 or bf16, converted per element): no fp32 copy of x is made, and no aten op runs
 // around the kernel (each would cost a dispatch, ~1 µs, per linear per token: issue 10's explain).
 template <typename T>
+float row_scale(const T* row, int64_t K) {   // max|x| / 127, at least FLT_MIN
+  float amax = 0.f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
+  return std::max(amax / 127.f, std::numeric_limits<float>::min());
+}
+
+template <typename T>
 void quantize_rows_typed(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, int64_t ld, float* a) {
   for (int64_t m = 0; m < M; ++m) {
     const T* row = p + m * sm;
-    float amax = 0.f;
-    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
-    const float am = std::max(amax / 127.f, std::numeric_limits<float>::min());
+    const float am = row_scale(row, K);
     a[m] = am;
     for (int64_t k = 0; k < K; ++k) {
       const float v = std::nearbyint(static_cast<float>(row[k]) / am);
@@ -809,22 +814,18 @@ struct Digits {
   }
 };
 
+// x [M, K] → digit rows xq [2M][ld]: row 2m = hi, row 2m + 1 = lo, x ≈ a[m]·(hi + lo/256) (int8_digits_mm below).
 template <typename T>
-void digits_typed(const T* p, int64_t M, int64_t K, int64_t sm, uint8_t* xu, int64_t Kp, float* a) {
+void digits_rows(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, int64_t ld, float* a) {
   for (int64_t m = 0; m < M; ++m) {
     const T* row = p + m * sm;
-    float amax = 0.f;
-    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
-    const float am = std::max(amax / 127.f, std::numeric_limits<float>::min());
+    const float am = row_scale(row, K);
     a[m] = am;
-    uint8_t* hi = xu + 2 * m * Kp;
-    uint8_t* lo = hi + Kp;
     for (int64_t k = 0; k < K; ++k) {
       const float v = static_cast<float>(row[k]) / am;
       const float h = std::min(127.f, std::max(-127.f, std::nearbyint(v)));
-      const float l = std::min(127.f, std::max(-127.f, std::nearbyint((v - h) * 256.f)));
-      hi[k] = static_cast<uint8_t>(static_cast<int32_t>(h) + 128);   // + 128: dpbusd's unsigned operand
-      lo[k] = static_cast<uint8_t>(static_cast<int32_t>(l) + 128);
+      xq[2 * m * ld + k] = static_cast<int8_t>(h);
+      xq[(2 * m + 1) * ld + k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint((v - h) * 256.f))));
     }
   }
 }
@@ -838,13 +839,15 @@ at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const 
   TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), "int8_digits_mm: scales must be [N]");
   const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
-  std::vector<uint8_t> xu(2 * M * Kp, 128);   // padding: digit 0 against masked-out weights
+  std::vector<int8_t> xq(2 * M * Kp, 0);
   std::vector<float> a(M);
-  if (x.scalar_type() == at::kBFloat16) digits_typed(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xu.data(), Kp, a.data());
-  else digits_typed(x.data_ptr<float>(), M, K, x.stride(0), xu.data(), Kp, a.data());
+  if (x.scalar_type() == at::kBFloat16) digits_rows(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq.data(), Kp, a.data());
+  else digits_rows(x.data_ptr<float>(), M, K, x.stride(0), xq.data(), Kp, a.data());
+  for (auto& v : xq) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);   // + 128: dpbusd's unsigned operand
+  const auto* xu = reinterpret_cast<const uint8_t*>(xq.data());                  // (padding: digit 0 → 128)
   auto y = at::empty({M, q.size(0)}, x.options());
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<Digits>(std::min(kMaxM, M - m0), (const uint8_t*)xu.data(), Kp, q, s, a.data(), y, m0, wsums);
+    dispatch_m<Digits>(std::min(kMaxM, M - m0), xu, Kp, q, s, a.data(), y, m0, wsums);
   return y;
 }
 
@@ -890,25 +893,8 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return y;
 }
 
-// int4 weight-only with the activations as two int8 digits a value (see int8_digits_mm): row 2m of the digit
-// rows is hi, 2m + 1 lo, and y[m] = a[m]·(yf[2m] + yf[2m + 1] / 256); the packed layout is w4a8_mm's.
-template <typename T>
-void digits_signed(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, float* a) {
-  for (int64_t m = 0; m < M; ++m) {
-    const T* row = p + m * sm;
-    float amax = 0.f;
-    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
-    const float am = std::max(amax / 127.f, std::numeric_limits<float>::min());
-    a[m] = am;
-    for (int64_t k = 0; k < K; ++k) {
-      const float v = static_cast<float>(row[k]) / am;
-      const float h = std::min(127.f, std::max(-127.f, std::nearbyint(v)));
-      xq[2 * m * K + k] = static_cast<int8_t>(h);
-      xq[(2 * m + 1) * K + k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint((v - h) * 256.f))));
-    }
-  }
-}
-
+// int4 weight-only with the activations as two int8 digits a value (see int8_digits_mm, digits_rows): row 2m
+// of the digit rows is hi, 2m + 1 lo, and y[m] = a[m]·(yf[2m] + yf[2m + 1] / 256); the packed layout is w4a8_mm's.
 template <typename T>
 void combine_digits(const float* yf, int64_t N16, const float* a, int64_t M, int64_t n, T* y) {
   for (int64_t m = 0; m < M; ++m)
@@ -925,8 +911,8 @@ at::Tensor int4_digits_mm(const at::Tensor& x_, const at::Tensor& packed, const 
   const int64_t N16 = packed.size(0) * 16;
   std::vector<int8_t> xq(2 * M * K);
   std::vector<float> a(M);
-  if (x.scalar_type() == at::kBFloat16) digits_signed(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq.data(), a.data());
-  else digits_signed(x.data_ptr<float>(), M, K, x.stride(0), xq.data(), a.data());
+  if (x.scalar_type() == at::kBFloat16) digits_rows(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq.data(), K, a.data());
+  else digits_rows(x.data_ptr<float>(), M, K, x.stride(0), xq.data(), K, a.data());
   const auto yf = w4a8_rows_core(xq, 2 * M, packed, sz, K, gs);
   auto y = at::empty({M, n}, x.options());
   if (x.scalar_type() == at::kBFloat16) combine_digits(yf.data(), N16, a.data(), M, n, y.data_ptr<at::BFloat16>());
