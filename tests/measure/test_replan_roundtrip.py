@@ -195,8 +195,14 @@ AUTO = {"name": "auto", "recipe": "auto", "options": {"workload": "decode-heavy"
 
 
 def test_auto_without_compile_keeps_the_compile_it_chose_after_the_round_trip(slow_machine, tmp_path):
+    import json
+
+    from variantlab.models.loading import BUILTIN_MODELS
+    from variantlab.variants.decode_step import runs_config
+    step_runs = runs_config(json.loads((Path(BUILTIN_MODELS["tiny-structured"]) / "config.json").read_text()))
     path = write(tmp_path, {"variants": [{"name": "base"}, AUTO], "workload": SMALL})
-    assert plan_suite_file(path).variant("auto").definition.compile is True        # auto chose it
+    # auto chose it, unless our decode step runs the model (then compiling would only swap the step out)
+    assert plan_suite_file(path).variant("auto").definition.compile is (not step_runs)
     plans_alike_after_a_round_trip(path)
     path = write(tmp_path, {"variants": [{"name": "base"}, AUTO | {"compile": False}], "workload": SMALL})
     assert plan_suite_file(path).variant("auto").definition.compile is False       # given: the variant's own wins
@@ -262,3 +268,13 @@ def test_a_given_n_is_kept_and_a_file_cut_below_it_refuses_the_resume(tmp_path):
     (tmp_path / "data.jsonl").write_text(GOOD_LINE * 4, encoding="utf-8")
     with pytest.raises(VariantlabError, match="the file has 4 records, fewer than the n: 5 asked for"):
         replan(row, tmp_path / "store.sqlite")
+
+
+def test_a_given_compile_false_resumes_on_transformers_modules(tmp_path):
+    """`compile: false`, given, plans transformers' modules (no decode step); resuming keeps it so, while a
+    previous version's written-out default `compile: false` resumes as not given (our decode step)."""
+    path = write(tmp_path, {"variants": [{"name": "base"}, {"name": "eager", "recipe": "fp32", "compile": False}],
+                            "workload": SMALL})
+    stored, again = stored_then_replanned(path, tmp_path / "store.sqlite")
+    assert again == stored
+    assert [v["decode_step"] for v in again["variants"]] == [True, False]

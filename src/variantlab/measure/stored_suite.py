@@ -37,6 +37,9 @@ def as_given(suite: dict, plan: dict) -> dict:
         elif v.get("recipe") == "auto" and v.get("compile") is False \
                 and (planned.get(v.get("name")) or {}).get("compile") is True:
             v["compile"] = None                       # given, the variant's own compile wins over auto's
+        if v.get("compile") is False and (planned.get(v.get("name")) or {}).get("decode_step", True) is True:
+            v["compile"] = None                       # given, `compile: false` would have planned transformers'
+                                                      # modules (decode_step false): this one was a default
     return suite
 
 
