@@ -133,7 +133,9 @@ class Profile(TrackerBase):
         shape = (dataclasses.asdict(model_shape(model, decode_weight_bytes(model))) if model is not None
                  else facts.extra["shape"])      # what the other runtime's build read of its file
         ceilings, _ = cached_ceilings(ctx.device)
-        compiled = getattr(engine, "_decode", None) != getattr(engine, "_forward", None)
+        decode = getattr(engine, "_decode", None)   # transformers' forward, our decode step, or a compiled step
+        compiled = decode is not None and decode != getattr(engine, "_forward", None) \
+            and decode is not getattr(engine, "step", None)
         return ProfileOutput(device=ctx.device, recipe=facts.recipe, dtype=facts.dtype, ceilings=ceilings.to_json(),
                              compiled=compiled, marked_modules=marked if out else 0, shape=shape,
                              kernels=tuple(ctx.built.facts.kernels), workloads=tuple(out))
