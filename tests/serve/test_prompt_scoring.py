@@ -155,7 +155,9 @@ def test_the_top_k_kld_of_a_quantized_variant_is_within_tolerance_of_its_full_kl
     assert full["kld_mean"] > 1e-4                                     # int4 differs: the check means something
     assert topk["kld_mean"] <= full["kld_mean"] * (1 + 1e-3)            # a coarsening never exceeds the full KL
     assert abs(full["kld_mean"] - topk["kld_mean"]) <= TOPK_TOLERANCE * full["kld_mean"]
-    assert topk["top1_agreement"] == pytest.approx(full["top1_agreement"])
+    # int4's logits are bf16, where two tokens can tie exactly: the endpoint's top-k list may order a tie
+    # otherwise than argmax does, so one position in a few hundred may read differently
+    assert topk["top1_agreement"] == pytest.approx(full["top1_agreement"], abs=0.005)
 
 
 def test_an_endpoint_without_log_probabilities_says_so_in_one_line(plan):
