@@ -520,6 +520,16 @@ void check_2d(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous 2-D CPU tensor");
 }
 
+// Calls fn(T{}, S{}) for the output dtype T of y and the scale dtype S of s (each bf16 or fp32).
+template <typename Fn>
+void by_dtypes(const at::Tensor& y, const at::Tensor& s, Fn&& fn) {
+  const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
+  if (bf && sbf) fn(at::BFloat16{}, at::BFloat16{});
+  else if (bf) fn(at::BFloat16{}, float{});
+  else if (sbf) fn(float{}, at::BFloat16{});
+  else fn(float{}, float{});
+}
+
 // ---- fp32_mm and bf16_mm: the dense path, with the tensor types of each
 
 template <typename D, typename T>
@@ -566,11 +576,7 @@ struct Int8 {
     int8_run<M>(x + m0 * K, q.data_ptr<int8_t>(), s.data_ptr<S>(), K, N, y.data_ptr<T>() + m0 * N);
   }
   static void run(const float* x, const at::Tensor& q, const at::Tensor& s, at::Tensor& y, int64_t m0) {
-    const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
-    if (bf && sbf) typed<at::BFloat16, at::BFloat16>(x, q, s, y, m0);
-    else if (bf) typed<at::BFloat16, float>(x, q, s, y, m0);
-    else if (sbf) typed<float, at::BFloat16>(x, q, s, y, m0);
-    else typed<float, float>(x, q, s, y, m0);
+    by_dtypes(y, s, [&](auto t, auto sc) { typed<decltype(t), decltype(sc)>(x, q, s, y, m0); });
   }
 };
 
@@ -729,11 +735,7 @@ struct W8A8 {
   }
   static void run(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
                   at::Tensor& y, int64_t m0, const int32_t* wsums) {
-    const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
-    if (bf && sbf) typed<at::BFloat16, at::BFloat16>(xu, Kp, q, s, a, y, m0, wsums);
-    else if (bf) typed<at::BFloat16, float>(xu, Kp, q, s, a, y, m0, wsums);
-    else if (sbf) typed<float, at::BFloat16>(xu, Kp, q, s, a, y, m0, wsums);
-    else typed<float, float>(xu, Kp, q, s, a, y, m0, wsums);
+    by_dtypes(y, s, [&](auto t, auto sc) { typed<decltype(t), decltype(sc)>(xu, Kp, q, s, a, y, m0, wsums); });
   }
 };
 
@@ -806,11 +808,7 @@ struct Digits {
   }
   static void run(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
                   at::Tensor& y, int64_t m0, const int32_t* wsums) {
-    const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
-    if (bf && sbf) typed<at::BFloat16, at::BFloat16>(xu, Kp, q, s, a, y, m0, wsums);
-    else if (bf) typed<at::BFloat16, float>(xu, Kp, q, s, a, y, m0, wsums);
-    else if (sbf) typed<float, at::BFloat16>(xu, Kp, q, s, a, y, m0, wsums);
-    else typed<float, float>(xu, Kp, q, s, a, y, m0, wsums);
+    by_dtypes(y, s, [&](auto t, auto sc) { typed<decltype(t), decltype(sc)>(xu, Kp, q, s, a, y, m0, wsums); });
   }
 };
 
