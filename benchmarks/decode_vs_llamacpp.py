@@ -215,7 +215,10 @@ class Worker:
         self.proc.start()
         self.hello = self._recv()
 
-    def _recv(self):
+    def _recv(self, wait_s: float = 600.0):
+        if not self.conn.poll(wait_s):   # a load, a build of our kernels or a run: never a silent hang
+            raise SystemExit(f"{self.name} worker: no answer in {wait_s:.0f} s (its model load, kernel build or "
+                             f"decode run); alive: {self.proc.is_alive()}")
         msg = self.conn.recv()
         if isinstance(msg, dict) and "error" in msg:
             raise SystemExit(f"{self.name} worker failed: {msg['error']}")
