@@ -7,8 +7,10 @@ child process whose output is shown only when it fails. variantlab builds the sa
 `variants.build.build`. The pairs, by name and by what the kernels do (llama.cpp's Q8_0 and Q4_0 quantize the
 activations to 8 bits a block and multiply in integers, as our w8a8 and w4a8 do):
 
-    F32 <-> fp32    BF16 <-> bf16    Q8_0 <-> int8, w8a8    Q4_0 <-> int4, w4a8 (group_size 32, Q4_0's block)
-    Q4_1 <-> int4, w4a8: by bytes (Q4_1 and our group-wise int4 both hold 5.0 bits a weight; Q4_0 4.5)
+    F32 <-> fp32    BF16 <-> bf16    Q8_0 <-> int8, w8a8
+    Q4_0 <-> int4, w4a8 group_size 32 symmetric (Q4_0's format: a scale per 32 weights, 4.5 bits a weight)
+    Q4_1 <-> int4, w4a8 group_size 32 (asymmetric, Q4_1's format: a scale and a zero point or minimum per
+                                       32 weights, 5.0 bits a weight)
 
 Each side runs in a worker process of its own (spawned, so that the two OpenMP runtimes, heaps and
 thread settings never meet), with 2 threads, greedy, on the same prompt token ids (BOS included),
@@ -96,17 +98,19 @@ class Pair:
 
     @property
     def label(self) -> str:
-        opts = "".join(f" g{v}" for k, v in self.options if k == "group_size")
-        return f"{self.gguf} <-> {self.recipe}{opts}"
+        opts = dict(self.options)
+        group = f" g{opts['group_size']}" if "group_size" in opts else ""
+        return f"{self.gguf} <-> {self.recipe}{group}{' sym' if opts.get('symmetric') else ''}"
 
 
-# Paired by name and by what the kernels do: llama.cpp's Q8_0 and Q4_0 quantize the activations to 8 bits per
-# block and multiply in integers, as our w8a8 and w4a8 do; our int8 and int4 keep the activations in bf16.
+# Paired by name, by format and by what the kernels do: llama.cpp's Q8_0 and Q4_0 quantize the activations to
+# 8 bits per block and multiply in integers, as our w8a8 and w4a8 do; our int8 and int4 keep the activations in
+# bf16. Q4_0 keeps a scale per 32 weights (4.5 bits a weight), as int4 with `symmetric: true` does; Q4_1 a scale
+# and a minimum (5.0 bits), as our default, asymmetric int4 does (a scale and a zero point per 32 weights).
+G32, G32_SYM = (("group_size", 32),), (("group_size", 32), ("symmetric", True))
 PAIRS = (Pair("F32", "fp32"), Pair("BF16", "bf16"), Pair("Q8_0", "int8"), Pair("Q8_0", "w8a8"),
-         Pair("Q4_0", "int4", (("group_size", 32),)), Pair("Q4_0", "w4a8", (("group_size", 32),)),
-         # by bytes: Q4_1 keeps a minimum beside each 32-weight block's scale, 5.0 bits a weight as our
-         # group-wise int4 (a scale and a zero point per 32 weights); Q4_0 keeps the scale alone, 4.5
-         Pair("Q4_1", "int4", (("group_size", 32),)), Pair("Q4_1", "w4a8", (("group_size", 32),)))
+         Pair("Q4_0", "int4", G32_SYM), Pair("Q4_0", "w4a8", G32_SYM),
+         Pair("Q4_1", "int4", G32), Pair("Q4_1", "w4a8", G32))
 
 # The model shapes of issue 25's goals, random weights, the shipped 1k-token tokenizer.
 SHAPES = {

@@ -26,11 +26,18 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).parent
-OPTIONS = {"int4": {"group_size": 32}, "w4a8": {"group_size": 32}}
+sys.path.insert(0, str(HERE))
+from decode_vs_llamacpp import PAIRS, make_checkpoint  # noqa: E402
+
+
+def options_of(recipe: str, ggufs: list[str]) -> dict:
+    """The options decode_vs_llamacpp.py builds `recipe` with when paired with one of `ggufs` (int4 and w4a8
+    with Q4_0: group 32, symmetric; with Q4_1: group 32): the bench's variant is the very same."""
+    return next((dict(p.options) for p in PAIRS if p.recipe == recipe and p.gguf in ggufs), {})
 
 
 def suite(model: Path, recipes: list[str], ggufs: list[str]) -> dict:
-    variants = [{"name": r, "recipe": r, **({"options": OPTIONS[r]} if r in OPTIONS else {})} for r in recipes]
+    variants = [{"name": r, "recipe": r, **({"options": o} if (o := options_of(r, ggufs)) else {})} for r in recipes]
     variants += [{"name": f"gguf-{g.lower()}", "backend": "llamacpp", "gguf_type": g} for g in ggufs]
     return {"name": "instruments", "model": str(model), "baseline": recipes[0], "rounds": 1, "variants": variants,
             "workload": {"dataset": {"generator": "structured", "n": 8, "seed": 0}, "max_new_tokens": 64,
@@ -57,7 +64,7 @@ def script_tpot(args, model: Path) -> dict[str, float]:
         raise SystemExit(f"decode_vs_llamacpp.py failed: {out.stderr.strip().splitlines()[-1:]}")
     got: dict[str, float] = {}
     for line in out.stdout.splitlines():
-        m = re.match(r"^(\S+) <-> (\S+)(?: g\d+)?\s+([\d.]+)\s+([\d.]+)\s", line)
+        m = re.match(r"^(\S+) <-> (\S+)(?: g\d+)?(?: sym)?\s+([\d.]+)\s+([\d.]+)\s", line)
         if m:
             got[f"gguf-{m.group(1).lower()}"] = 1 / float(m.group(3))
             got[m.group(2)] = 1 / float(m.group(4))
@@ -75,8 +82,6 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     model = args.workdir / f"checkpoint-{args.shape}-seed0"
     if not (model / "config.json").is_file():
-        sys.path.insert(0, str(HERE))
-        from decode_vs_llamacpp import make_checkpoint
         make_checkpoint(model, 0, args.shape)
     path = args.workdir / "instruments.yaml"
     path.write_text(yaml.safe_dump(suite(model, args.recipes.split(","), args.precisions.split(","))))

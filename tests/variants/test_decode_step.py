@@ -11,7 +11,8 @@ from variantlab.variants.build import VariantDefinition, build
 from variantlab.variants.decode_step import LABEL, DecodeStep, unsupported
 
 RECIPES = [("fp32", {}), ("bf16", {}), ("int8", {}), ("int4", {"group_size": 32}), ("w8a8", {}),
-           ("w4a8", {"group_size": 32})]
+           ("w4a8", {"group_size": 32}), ("int4", {"group_size": 32, "symmetric": True}),
+           ("w4a8", {"group_size": 32, "symmetric": True})]
 
 
 @pytest.fixture(scope="module")

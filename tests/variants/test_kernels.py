@@ -73,6 +73,25 @@ def test_int4_kernels_equal_the_reference(our_kernels, m, n, dtype, group_size):
            kp.int4_digits_mm_reference(x, q, s, z, group_size), dtype)
 
 
+@pytest.mark.parametrize("group_size", [32, 128])
+@pytest.mark.parametrize("m,n", [(1, 16), (3, 40), (9, 48)])
+def test_symmetric_int4_reads_the_scales_alone(our_kernels, m, n, group_size):
+    """Symmetric int4 (z = 0) packs the scales alone; w4a8_mm and int4_digits_mm tell it by size and equal
+    the reference, and the zeros-present layout of the same weights."""
+    k = 256
+    g = torch.Generator().manual_seed(m * n + group_size)
+    x, w = torch.randn(m, k, generator=g).bfloat16(), torch.randn(n, k, generator=g)
+    q, s, z = qp.quantize_int4_groupwise(w, group_size, torch.bfloat16, symmetric=True)
+    p, alone, both = kp.pack_int4_vnni(q), kp.pack_scales_zeros(s, None), kp.pack_scales_zeros(s, z)
+    assert alone.numel() * 2 == both.numel()
+    for op, ref in ((vk.w4a8_mm, kp.w4a8_mm_reference), (vk.int4_digits_mm, kp.int4_digits_mm_reference)):
+        y = op(x, p, alone, group_size, n)
+        _close(y, ref(x, q, s, z, group_size), torch.bfloat16)
+        assert torch.equal(y, op(x, p, both, group_size, n))
+    with pytest.raises(RuntimeError, match="the scales alone"):
+        vk.w4a8_mm(x, p, alone[:-1].contiguous(), group_size, n)
+
+
 @pytest.mark.parametrize("n", [16, 17, 40])
 def test_packings_invert_exactly(n):
     g = torch.Generator().manual_seed(n)
@@ -82,6 +101,8 @@ def test_packings_invert_exactly(n):
     s, z = torch.randn(n, 2, generator=g), torch.randn(n, 2, generator=g)
     s2, z2 = kp.unpack_scales_zeros(kp.pack_scales_zeros(s, z), n)
     assert torch.equal(s2, s) and torch.equal(z2, z)
+    s3, z3 = kp.unpack_scales_zeros(kp.pack_scales_zeros(s, None), n)
+    assert torch.equal(s3, s) and not z3.any()
     assert kp.pack_int4_vnni(q).numel() == kp.padded_rows(n) * 64 // 2   # 4 bits a weight, rows padded to 16
 
 
@@ -119,8 +140,9 @@ def test_decode_attention_equals_sdpa(our_kernels, dtype, b, h, hkv, length, d):
     k, v = (torch.randn(b, hkv, length, d, generator=g).to(dtype) for _ in range(2))
     keep = torch.rand(b, length, generator=g) < 0.7
     keep[:, 0] = True
+    padded = torch.arange(length) >= length // 3             # left padding: whole blocks of 16 kept, and not
     kf, vf = (t.float().repeat_interleave(h // hkv, dim=1) for t in (k, v))
-    for mask in (keep, None):
+    for mask in (keep, padded.expand(b, length), None):
         ref = torch.nn.functional.scaled_dot_product_attention(
             q.float(), kf, vf, attn_mask=None if mask is None else mask[:, None, None, :]).transpose(1, 2)
         _close(vk.decode_attention(q, k, v, mask, d ** -0.5), ref.to(dtype), dtype)

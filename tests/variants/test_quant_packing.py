@@ -62,6 +62,30 @@ def test_int4_groupwise_round_trip_is_within_half_a_step(dtype, group_size):
     assert (d[8:] - w[8:]).abs().mean() < 0.3 * s[8:].float().mean()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_symmetric_int4_is_q4_0s_grid(dtype, group_size):
+    """Symmetric: no zero point; the group's value of largest magnitude lands on q = 0 (−8 steps) exactly up to
+    the scale's rounding, the sign of that value is the scale's, and every other value is within half a step,
+    or, on the grid's short side (7 steps), its distance past the last level."""
+    w = _weight()
+    q, s, z = qp.quantize_int4_groupwise(w, group_size, dtype, symmetric=True)
+    n, k = w.shape
+    assert not z.any() and q.max() <= 15
+    d = qp.dequantize_int4_groupwise(q, s, z, group_size)
+    assert torch.isfinite(d).all() and (d[0] == 0).all()
+    step = s.float().abs().repeat_interleave(group_size, 1)
+    past = w.abs() - 7 * step                      # beyond 7 steps from 0: only the extreme's side reaches 8
+    assert ((d - w).abs() <= torch.maximum(step / 2, past) + w.abs() * _ulp(dtype) + 1e-30).all()
+    assert (d[8:] - w[8:]).abs().mean() < 0.3 * step[8:].mean()
+    wg = w.reshape(n, -1, group_size)
+    at = wg.abs().argmax(-1, keepdim=True)
+    extreme = wg.gather(-1, at).squeeze(-1)
+    live = extreme.abs() / 8 >= torch.finfo(dtype).tiny   # else the smallest scale, and the group reads as 0
+    assert (q.reshape(n, -1, group_size).gather(-1, at).squeeze(-1)[live] == 0).all()
+    assert (torch.sign(s.float()[live]) == -torch.sign(extreme[live])).all()
+
+
 def test_int4_rejects_a_group_size_that_does_not_divide():
     with pytest.raises(ValueError, match="does not divide"):
         qp.quantize_int4_groupwise(torch.randn(16, 96), 64)
@@ -211,6 +235,47 @@ def test_int4_kernel_path_stores_four_bits_plus_scales(monkeypatch, ours):
         assert set(dict(mod.named_buffers())) == {"packed", "scales_zeros"}
     else:      # aten's layout is stored as it runs
         assert set(mod.state_dict()) == {"packed", "scales_and_zeros"}
+
+
+@pytest.mark.parametrize("cls", ["Int4WeightOnly", "W4A8"])
+@pytest.mark.parametrize("ours", [False, True])
+def test_symmetric_int4_stores_no_zeros_and_loads_back(monkeypatch, cls, ours):
+    """Symmetric int4 stores nibbles and scales (4.5 bits a weight at group 32, Q4_0's), reads them back bit
+    identical through an artifact's route, and the kernel path agrees with the python one."""
+    from variantlab.variants import kernels
+    if not ours:
+        switch_off_our_kernels(monkeypatch)
+    elif not kernels.available():
+        pytest.skip(kernels.status().reason)
+    n, k = 64, 256
+    lin = _linear(k=k, n=n, bias=True)
+    mod = getattr(ql, cls)(lin, torch.bfloat16, "kernel", group_size=32, symmetric=True)
+    stored = mod.state_dict()
+    if cls == "W4A8" or ours:   # aten's own int4 layout (Int4WeightOnly without ours) is stored as it runs
+        assert set(stored) == {"qpacked", "scales", "bias"}
+        assert 8 * _nbytes([stored["qpacked"], stored["scales"]]) / (n * k) == 4.5
+    if ours:
+        assert mod.scales_zeros.numel() == n * k // 32   # the scales alone are resident too
+    python = getattr(ql, cls)(lin, torch.bfloat16, "python", group_size=32, symmetric=True)
+    assert python.zeros is None and set(python.state_dict()) == {"qpacked", "scales", "bias"}
+    assert mod.state()["attrs"]["symmetric"] is True
+    back = getattr(ql, cls).from_state(mod.state(), {key: t.to("meta") for key, t in stored.items()})
+    result = back.load_state_dict(stored, assign=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    x = torch.randn(3, k, dtype=torch.bfloat16)
+    assert torch.equal(mod(x), back(x))
+    y, r = mod(x).float(), python(x).float()
+    assert (y - r).abs().max() <= 0.02 * r.abs().max()
+
+
+def test_an_int4_module_saved_before_symmetric_existed_loads_as_asymmetric():
+    mod = ql.W4A8(_linear(k=256, n=32, bias=False), torch.bfloat16, "kernel", group_size=64)
+    state = mod.state()
+    del state["attrs"]["symmetric"]
+    back = ql.W4A8.from_state(state, mod.state_dict())
+    assert back.symmetric is False
+    x = torch.randn(2, 256, dtype=torch.bfloat16)
+    assert torch.equal(mod(x), back(x))
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])

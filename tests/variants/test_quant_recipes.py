@@ -308,6 +308,8 @@ def test_worker_style_build_and_decode(tiny_model_dir):
     (("INT4", "bfloat16", "asymmetric"), ("int4", {})),
     (("int4", "int8", "asymmetric"), ("w4a8", {})),
     (("int4", "int8", None), ("w4a8", {})),
+    (("int4", "int8", "symmetric"), ("w4a8", {"symmetric": True})),
+    (("int4", "fp32", "symmetric"), ("int4", {"symmetric": True, "compute_dtype": "fp32"})),
     (("bf16", "bf16", None), ("bf16", {})),
 ])
 def test_analysis_vocabulary_maps_to_recipes(words, expected):
@@ -317,11 +319,11 @@ def test_analysis_vocabulary_maps_to_recipes(words, expected):
 
 
 @pytest.mark.parametrize("words", [("int4", "int4", "asymmetric"), ("int8", "fp16", "asymmetric"),
-                                   ("int4", "int8", "symmetric"), ("fp8", "fp16", None), ("int8", "int16", None)])
+                                   ("int8", "int8", "asymmetric"), ("fp8", "fp16", None), ("int8", "int16", None)])
 def test_analysis_vocabulary_refuses_combinations_that_do_not_exist(words):
     with pytest.raises(RecipeError, match="no recipe for") as e:
         recipe_from_analysis_vocabulary(*words)
-    assert "int4/int8 asymmetric → w4a8" in str(e.value)
+    assert "int4/int8 asymmetric or symmetric → w4a8" in str(e.value)
 
 
 def _family(name: str):

@@ -40,7 +40,7 @@ def test_both_vocabularies_at_once_is_an_error():
 
 
 def test_a_combination_without_a_recipe_names_the_field():
-    v = VariantSpec(name="v", weight_dtype="int4", activation_dtype="int8", quant_scheme="symmetric")
+    v = VariantSpec(name="v", weight_dtype="int8", activation_dtype="int8", quant_scheme="asymmetric")
     with pytest.raises(RecipeError) as e:
         resolve_variant_recipe(v, file="s.yaml", field="variants[2]")
     assert "s.yaml: variants[2].quant_scheme" in str(e.value)

@@ -44,6 +44,7 @@ class QuantOptions(SpecModel):
 class GroupQuantOptions(QuantOptions):
     group_size: Literal[32, 64, 128] = 64
     pad_to_group: bool = False  # zero-pad in_features up to a multiple of group_size where it does not divide
+    symmetric: bool = False     # a scale per group and no zero point (llama.cpp's Q4_0): 4 + 16/group_size bits
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class QuantRecipe:
 
         dtype = self.load_dtype(options)
         targets, kept = _targets(model, self.name, options.quantize_lm_head)
-        group = {"group_size": options.group_size} if self.grouped else {}
+        group = {"group_size": options.group_size, "symmetric": options.symmetric} if self.grouped else {}
         if self.grouped and not options.pad_to_group:
             _check_group_size(targets, options.group_size)
         if device.startswith("cuda") and self.activations == "int8":
@@ -272,6 +273,9 @@ def _facts(recipe: QuantRecipe, model, options, parameters: int, swapped, kept, 
              "quantized_bits_per_weight": 8 * bytes_q / max(params_q, 1), "resident_bytes": resident_bytes(model)}
     if recipe.grouped:
         extra.update(group_size=options.group_size, pad_to_group=options.pad_to_group)
+        if getattr(options, "symmetric", False):   # the mixed recipe has no such option
+            extra.update(scheme=recipe.scheme.replace("asymmetric weights", "symmetric weights")
+                         .replace("asymmetric", "symmetric"))
     return VariantFacts(recipe=recipe.name, dtype=options.compute_dtype, parameters=parameters, weight_bytes=nbytes,
                         bits_per_weight=8 * nbytes / max(parameters, 1), kernels=tuple(kernels),
                         notes=tuple(notes), extra=extra)
@@ -318,7 +322,7 @@ def _kernel_probe(module: str, device: str, compute_dtype: str, group_size: int)
 _FLOATS = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16",
            "fp32": "fp32", "float32": "fp32", "float": "fp32"}
 _VOCAB = ("int8/fp16|bf16|fp32 symmetric → int8; int8/int8 symmetric → w8a8; int4/fp16|bf16|fp32 asymmetric "
-          "→ int4; int4/int8 asymmetric → w4a8; fp16|bf16|fp32 with no scheme → itself")
+          "or symmetric → int4; int4/int8 asymmetric or symmetric → w4a8; fp16|bf16|fp32 with no scheme → itself")
 
 
 def recipe_from_analysis_vocabulary(weight_dtype: str, activation_dtype: str,
@@ -332,11 +336,12 @@ def recipe_from_analysis_vocabulary(weight_dtype: str, activation_dtype: str,
     if w in _DTYPES and a == w and s in (None, "none"):
         return w, {}
     own = {"int8": "symmetric", "int4": "asymmetric"}.get(w)
-    if own and (s or own) == own:
+    sym = {"symmetric": True} if w == "int4" and s == "symmetric" else {}   # int4's option (Q4_0's format)
+    if own and ((s or own) == own or sym):
         if a in _DTYPES:
-            return ("int8" if w == "int8" else "int4"), ({} if a == "bf16" else {"compute_dtype": a})
+            return ("int8" if w == "int8" else "int4"), sym | ({} if a == "bf16" else {"compute_dtype": a})
         if a == "int8":
-            return ("w8a8" if w == "int8" else "w4a8"), {}
+            return ("w8a8" if w == "int8" else "w4a8"), sym
     raise RecipeError(f"no recipe for weight_dtype {weight_dtype}, activation_dtype {activation_dtype}, "
                       f"quant_scheme {quant_scheme}", field="quant_scheme", accepted=_VOCAB)
 
@@ -346,12 +351,13 @@ QUANT_RECIPES = (
                 "(aten::_weight_int8pack_mm on CPU)", "Int8WeightOnly", "int8", "compute", "symmetric"),
     QuantRecipe("w8a8", "int8 per-channel weights × int8 per-token dynamic activations, int32 accumulate "
                 "(torch._int_mm)", "W8A8", "int8", "int8", "symmetric (dynamic activations)"),
-    QuantRecipe("int4", "W4A16: int4 group-wise asymmetric weights (scale + zero per group), activations in "
-                "compute_dtype (aten::_weight_int4pack_mm_for_cpu on CPU)", "Int4WeightOnly", "int4", "compute",
+    QuantRecipe("int4", "W4A16: int4 group-wise asymmetric weights (scale + zero per group; symmetric: true, "
+                "the scale alone, llama.cpp's Q4_0 format), activations in compute_dtype (our int4_digits_mm, "
+                "else aten::_weight_int4pack_mm_for_cpu on CPU)", "Int4WeightOnly", "int4", "compute",
                 "asymmetric", GroupQuantOptions),
-    QuantRecipe("w4a8", "int4 group-wise asymmetric weights × int8 per-token activations (the analysis's "
-                "'Flash'; our torch._int_mm-per-group kernel)", "W4A8", "int4", "int8",
-                "asymmetric weights, symmetric dynamic activations", GroupQuantOptions),
+    QuantRecipe("w4a8", "int4 group-wise asymmetric weights (symmetric: true, Q4_0's format) × int8 per-token "
+                "activations (the analysis's 'Flash'; our w4a8_mm, else torch._int_mm per group)", "W4A8", "int4",
+                "int8", "asymmetric weights, symmetric dynamic activations", GroupQuantOptions),
     QuantRecipe("sparse", "2:4 semi-structured pruned weights in int8 × int8 per-token activations "
                 "(cuSPARSELt; CUDA only)", "Sparse24Int8", "int8 2:4", "int8", "symmetric", cuda_only=True),
 )

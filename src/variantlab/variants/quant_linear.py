@@ -347,12 +347,27 @@ class W8A8(QuantLinear):
 
 
 class _GroupWise(QuantLinear):
-    """Common to int4 group-wise modules: group size and zero-padding of K to a multiple of it."""
+    """Common to int4 group-wise modules: group size, zero-padding of K to a multiple of it, and symmetric
+    int4 (a scale per group and no zero point, llama.cpp's Q4_0: quant_packing), stored without zeros."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str, group_size: int) -> None:
+    symmetric = False   # an artifact from before records none: asymmetric
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str, group_size: int,
+                 symmetric: bool = False) -> None:
         super().__init__(linear, dtype, path)
         self.group_size = group_size
+        self.symmetric = symmetric
         self.k_pad = -self.in_features % group_size  # > 0 only when the recipe allowed pad_to_group
+
+    def _quantize(self, linear: nn.Linear, n_pad: int = 0):
+        """(q, s, z) of the padded weight; z is zeros when symmetric."""
+        return qp.quantize_int4_groupwise(self._padded_weight(linear, n_pad), self.group_size, self.dtype,
+                                          self.symmetric)
+
+    def _nibbles(self, q, s, z) -> dict:
+        """The stored form: nibbles [N, K'/2], scales [N, G] and, unless symmetric, zeros [N, G]."""
+        out = {"qpacked": qp.pack_nibbles(q), "scales": s.contiguous()}
+        return out if self.symmetric else out | {"zeros": z.contiguous()}
 
     def _padded_weight(self, linear: nn.Linear, n_pad: int = 0) -> torch.Tensor:
         return F.pad(linear.weight.detach(), (0, self.k_pad, 0, n_pad))
@@ -362,26 +377,31 @@ class _GroupWise(QuantLinear):
 
     def _python_weight(self, dtype):
         q = qp.unpack_nibbles(self.qpacked)
-        w = qp.dequantize_int4_groupwise(q, self.scales, self.zeros, self.group_size, dtype)
+        z = torch.zeros_like(self.scales) if self.zeros is None else self.zeros
+        w = qp.dequantize_int4_groupwise(q, self.scales, z, self.group_size, dtype)
         return w[:, :self.in_features]
 
     def _store_python(self, linear: nn.Linear) -> None:
-        q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), self.group_size, self.dtype)
-        self.register_buffer("qpacked", qp.pack_nibbles(q))  # [N, K'/2] uint8, two weights a byte
-        self.register_buffer("scales", s)                     # [N, G] dtype
-        self.register_buffer("zeros", z)                      # [N, G] dtype
+        stored = self._nibbles(*self._quantize(linear))
+        self.register_buffer("qpacked", stored["qpacked"])  # [N, K'/2] uint8, two weights a byte
+        self.register_buffer("scales", stored["scales"])    # [N, G] dtype
+        self.register_buffer("zeros", stored.get("zeros"))  # [N, G] dtype; None when symmetric
 
     def _unpack_stored(self, stored: dict) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The stored nibbles, scales and zeros taken out of `stored`: (the rest, q [N, K'], s, z); notes reset."""
+        """The stored nibbles, scales and zeros taken out of `stored`: (the rest, q [N, K'], s, z); notes reset.
+        Symmetric int4 stores no zeros: z is zeros."""
         out = dict(stored)
-        p, s, z = out.pop("qpacked"), out.pop("scales"), out.pop("zeros")
+        p, s = out.pop("qpacked"), out.pop("scales")
+        z = out.pop("zeros", None)
         self.notes = self._pad_note()
-        return out, qp.unpack_nibbles(p), s, z
+        return out, qp.unpack_nibbles(p), s, torch.zeros_like(s) if z is None else z
 
     def _ours_resident(self, out: dict, q, s, z, label: str) -> dict:
-        """W4A8's packed layout (kernels/packing.py) of q, s, z, read by our VNNI kernels."""
+        """W4A8's packed layout (kernels/packing.py) of q, s, z, read by our VNNI kernels; symmetric: the
+        scales alone."""
         self.kernel = label
-        return out | {"packed": kp.pack_int4_vnni(q), "scales_zeros": kp.pack_scales_zeros(s, z)}
+        sz = kp.pack_scales_zeros(s, None if self.symmetric else z)
+        return out | {"packed": kp.pack_int4_vnni(q), "scales_zeros": sz}
 
     def _pad_note(self) -> tuple[str, ...]:
         if not self.k_pad:
@@ -404,8 +424,9 @@ class Int4WeightOnly(_GroupWise):
     OURS_LABEL = "variantlab int4_digits_mm (AVX-512 VNNI) on int4 read packed, at every M"
     stored_as = "aten"   # or "nibbles": what state_dict() holds (an artifact from before records neither: aten)
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64) -> None:
-        super().__init__(linear, dtype, path, group_size)
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64,
+                 symmetric: bool = False) -> None:
+        super().__init__(linear, dtype, path, group_size, symmetric)
         name = DTYPE_NAMES[dtype]
         self.notes = self._pad_note()
         if path == "python":
@@ -415,13 +436,10 @@ class Int4WeightOnly(_GroupWise):
         self.n_pad = -self.out_features % 16  # the packing kernels need N divisible by 16 (CPU) / 8 (CUDA)
         if self._ours_layout():
             self.stored_as = "nibbles"
-            q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), group_size, dtype)
-            stored = {"qpacked": qp.pack_nibbles(q), "scales": s, "zeros": z}
-            for key, t in self._resident_form(stored).items():
+            for key, t in self._resident_form(self._nibbles(*self._quantize(linear))).items():
                 self.register_buffer(key, t)
             return
-        q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear, self.n_pad), group_size, dtype)
-        self._register_aten(q, s, z)
+        self._register_aten(*self._quantize(linear, self.n_pad))
 
     def _ours_layout(self) -> bool:
         return (self.device_type == "cpu" and self.dtype == torch.bfloat16 and self.group_size % 8 == 0
@@ -455,7 +473,7 @@ class Int4WeightOnly(_GroupWise):
             k = self.in_features + self.k_pad
             q, s, z = qp.unpack_int4_from_cpu(out.pop("packed"), out.pop("scales_and_zeros"), self.group_size,
                                               self.out_features, k)
-        return out | {"qpacked": qp.pack_nibbles(q), "scales": s.contiguous(), "zeros": z.contiguous()}
+        return out | self._nibbles(q, s, z)
 
     def _resident_form(self, stored):
         """Nibbles, scales and zeros → ours where it runs, else aten's layout (padded to 16 rows); aten's layout
@@ -503,16 +521,15 @@ class W4A8(_GroupWise):
                         "(in_features / group_size calls a layer) and holds the int4 values unpacked as int8: "
                         "stored packed at 4 bits a weight (+ scales and zeros), resident at 8")
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64) -> None:
-        super().__init__(linear, dtype, path, group_size)
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64,
+                 symmetric: bool = False) -> None:
+        super().__init__(linear, dtype, path, group_size, symmetric)
         self.notes = self._pad_note()
         if path == "python":
             self._store_python(linear)
             self.kernel = f"python dequant int4→{DTYPE_NAMES[dtype]} + fake-quant activations + aten::mm"
             return
-        q, s, z = qp.quantize_int4_groupwise(self._padded_weight(linear), group_size, dtype)
-        stored = {"qpacked": qp.pack_nibbles(q), "scales": s, "zeros": z}
-        for name, t in self._resident_form(stored).items():
+        for name, t in self._resident_form(self._nibbles(*self._quantize(linear))).items():
             self.register_buffer(name, t)
 
     def _vnni_layout(self) -> bool:
@@ -528,11 +545,9 @@ class W4A8(_GroupWise):
         if "packed" in out:
             p, sz = out.pop("packed"), out.pop("scales_zeros")
             s, z = kp.unpack_scales_zeros(sz, self.out_features)
-            return out | {"qpacked": qp.pack_nibbles(kp.unpack_int4_vnni(p, self.out_features)),
-                          "scales": s.contiguous(), "zeros": z.contiguous()}
+            return out | self._nibbles(kp.unpack_int4_vnni(p, self.out_features), s, z)
         q, s, z = out.pop("qweight"), out.pop("scales"), out.pop("zeros")
-        return out | {"qpacked": qp.pack_nibbles(qp.int4_from_group_major(q)),
-                      "scales": s.t().contiguous(), "zeros": z.t().contiguous()}
+        return out | self._nibbles(qp.int4_from_group_major(q), s.t(), z.t())
 
     def _resident_form(self, stored):
         """Kernel path: the layout `_mm` reads on this machine (class docstring), made once at build or

@@ -13,6 +13,10 @@ tests/variants/test_quant_packing.py):
   grid's midpoint (min + 8·s), which is the convention of aten's tinygemm kernels
   (`_weight_int4pack_mm[_for_cpu]`: scales_and_zeros is [G, N, 2], [..., 0] = s, [..., 1] = z).
   The more common "q · s + min" convention gives wrong results with those kernels.
+- int4 symmetric, group-wise (`symmetric=True`): the same grid with z = 0, w ≈ (q − 8) · s[n,g], s =
+  m / −8 where m is the group's value of largest magnitude, sign kept (llama.cpp's Q4_0: m lands on
+  q = 0 exactly, and the grid's 16 levels are all used). Stored without zeros: 4 + 16/group_size bits
+  a weight in bf16, Q4_0's 4.5 at group 32.
 
 Scales and zeros are rounded to their storage dtype (the compute dtype, bf16 by default) *before*
 q is chosen, so q is the best grid point for the parameters actually stored. A zero range (an
@@ -63,15 +67,24 @@ def fake_quantize_int8_per_token(x: torch.Tensor) -> torch.Tensor:
 
 # --- int4, asymmetric, group-wise ------------------------------------------------------------
 
-def quantize_int4_groupwise(w: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16):
-    """w [N, K] → (q uint8 [N, K] in [0, 15], s [N, G], z [N, G] in scale_dtype); w ≈ (q − 8)·s + z."""
+def quantize_int4_groupwise(w: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.bfloat16,
+                            symmetric: bool = False):
+    """w [N, K] → (q uint8 [N, K] in [0, 15], s [N, G], z [N, G] in scale_dtype); w ≈ (q − 8)·s + z.
+    symmetric: z is 0 and s = m / −8, m the group's value of largest magnitude (module docstring)."""
     n, k = w.shape
     if k % group_size:
         raise ValueError(f"group_size {group_size} does not divide in_features {k}")
     wg = w.detach().float().reshape(n, k // group_size, group_size)
-    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
-    s = ((hi - lo) / INT4_LEVELS).clamp(min=_min_scale(scale_dtype)).to(scale_dtype)
-    z = (lo + INT4_MID * s.float()).to(scale_dtype)
+    if symmetric:
+        m = wg.gather(-1, wg.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)
+        d = m / -INT4_MID
+        tiny = _min_scale(scale_dtype)
+        s = torch.where(d.abs() < tiny, torch.full_like(d, tiny), d).to(scale_dtype)
+        z = torch.zeros_like(s)
+    else:
+        lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+        s = ((hi - lo) / INT4_LEVELS).clamp(min=_min_scale(scale_dtype)).to(scale_dtype)
+        z = (lo + INT4_MID * s.float()).to(scale_dtype)
     q = torch.round((wg - z.float()[..., None]) / s.float()[..., None]) + INT4_MID
     q = q.clamp(0, INT4_LEVELS).to(torch.uint8).reshape(n, k)
     return q, s, z

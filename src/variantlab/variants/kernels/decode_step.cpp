@@ -33,8 +33,11 @@ at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums);
 at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n);
 at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n);
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const c10::optional<at::Tensor>& keep, double scale);
+at::Tensor attention_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
+                           const c10::optional<at::Tensor>& keep, double scale);
+void silu_mul(at::Tensor& g, const at::Tensor& u);
+template <typename T>
+void rms_norm(const T* h, const T* w, int64_t M, int64_t D, float eps, T* out);
 }  // namespace vk
 
 namespace {
@@ -114,22 +117,6 @@ at::Tensor linear(const Linear& l, const at::Tensor& x) {
 template <typename T>
 inline T round_to(float v) { return static_cast<T>(v); }   // c10::BFloat16(float): round to nearest even
 
-// out[m] = w · dtype(h[m] · rsqrt(mean(h[m]²) + eps)), the mean in fp32: LlamaRMSNorm / Qwen2RMSNorm.
-template <typename T>
-void rms_norm(const T* h, const T* w, int64_t M, int64_t D, float eps, T* out) {
-  for (int64_t m = 0; m < M; ++m) {
-    const T* row = h + m * D;
-    float ss = 0.f;
-    for (int64_t i = 0; i < D; ++i) {
-      const float v = static_cast<float>(row[i]);
-      ss += v * v;
-    }
-    const float r = 1.f / std::sqrt(ss / static_cast<float>(D) + eps);
-    for (int64_t i = 0; i < D; ++i)
-      out[m * D + i] = round_to<T>(static_cast<float>(w[i]) * static_cast<float>(round_to<T>(static_cast<float>(row[i]) * r)));
-  }
-}
-
 // x [M, heads, D] in place: x·cos + rotate_half(x)·sin, each product and the sum rounded to T (as eager).
 template <typename T>
 void rope(T* x, const T* cos, const T* sin, int64_t M, int64_t heads, int64_t D) {
@@ -173,7 +160,7 @@ void layer(at::Tensor& h, const at::Tensor* t, const Linear* lin, at::Tensor& ke
   auto x = at::empty_like(h);
   {
     VK_RANGE("rms_norm");
-    rms_norm(h.data_ptr<T>(), t[0].data_ptr<T>(), M, D, static_cast<float>(eps), x.data_ptr<T>());
+    vk::rms_norm(h.data_ptr<T>(), t[0].data_ptr<T>(), M, D, static_cast<float>(eps), x.data_ptr<T>());
   }
   auto q = linear(lin[0], x), k = linear(lin[1], x), v = linear(lin[2], x);
   {
@@ -190,8 +177,7 @@ void layer(at::Tensor& h, const at::Tensor* t, const Linear* lin, at::Tensor& ke
   {
     VK_RANGE("decode_attention");
     const auto q4 = q.view({M, heads, 1, head_dim});
-    a = vk::attention(q4, keys.narrow(0, 0, M).narrow(2, 0, length), values.narrow(0, 0, M).narrow(2, 0, length),
-                      keep, scale);                                        // [M, 1, heads, head_dim]
+    a = vk::attention_cache(q4, keys, values, length, keep, scale);       // [M, 1, heads, head_dim]
   }
   auto o = linear(lin[3], a.view({M, heads * head_dim}));
   {
@@ -200,12 +186,12 @@ void layer(at::Tensor& h, const at::Tensor* t, const Linear* lin, at::Tensor& ke
   }
   {
     VK_RANGE("rms_norm");
-    rms_norm(h.data_ptr<T>(), t[1].data_ptr<T>(), M, D, static_cast<float>(eps), x.data_ptr<T>());
+    vk::rms_norm(h.data_ptr<T>(), t[1].data_ptr<T>(), M, D, static_cast<float>(eps), x.data_ptr<T>());
   }
   auto g = linear(lin[4], x), u = linear(lin[5], x);
   {
-    VK_RANGE("silu_mul");   // aten's vectorized SiLU and multiply, as transformers' MLP runs them
-    at::silu_(g).mul_(u);
+    VK_RANGE("silu_mul");   // SiLU and multiply, each rounded to the dtype as transformers' MLP rounds them
+    vk::silu_mul(g, u);
   }
   auto d = linear(lin[6], g);
   {

@@ -75,11 +75,18 @@ template <typename T>
 inline void store(T* p, float v) { *p = static_cast<T>(v); }  // c10::BFloat16(float) rounds to nearest even
 
 template <typename T>
-inline void store16(T* p, __m512 v, __mmask16 mask) {
-  alignas(64) float tmp[16];
-  _mm512_store_ps(tmp, v);
-  for (int i = 0; i < 16; ++i)
-    if (mask >> i & 1) p[i] = static_cast<T>(tmp[i]);
+inline void store16(T* p, __m512 v, __mmask16 mask);
+template <>
+inline void store16<float>(float* p, __m512 v, __mmask16 mask) { _mm512_mask_storeu_ps(p, mask, v); }
+template <>   // vcvtneps2bf16 rounds to nearest even, as c10::BFloat16(float) does
+inline void store16<at::BFloat16>(at::BFloat16* p, __m512 v, __mmask16 mask) {
+  _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// v rounded to bf16 and back, 16 lanes (what storing to bf16 and reading back gives).
+inline __m512 round_bf16(__m512 v) {
+  const __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -405,10 +412,11 @@ void w8a8_run(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const 
 
 // ------------------------------------------------------------------------------------------------
 // int4 group-wise × int8 activations (VNNI). Block b: K/8 chunks of 64 bytes (16 rows × 8 k; byte
-// 4i + j = q[i, 8c + j] | q[i, 8c + 4 + j] << 4), then scales and zeros [G][2][16]. xq4: xq as int32
-// quads [M, K/4]; xs: Σ xq per group [M, G] (int32 → fp32); a: per-token scales [M].
+// 4i + j = q[i, 8c + j] | q[i, 8c + 4 + j] << 4), then scales and zeros [G][2][16] (Z) or, symmetric int4,
+// the scales alone [G][16] (zeros 0). xq4: xq as int32 quads [M, K/4]; xs: Σ xq per group [M, G] (int32 →
+// fp32); a: per-token scales [M].
 
-template <int M, typename S>
+template <int M, typename S, bool Z>
 void w4a8_block(const uint8_t* p, const S* sz, const int32_t* xq4, const float* xs, int64_t K, int64_t G,
                 int64_t gs, float* out) {
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -430,8 +438,8 @@ void w4a8_block(const uint8_t* p, const S* sz, const int32_t* xq4, const float* 
         acc[m] = _mm512_dpbusd_epi32(acc[m], hi, _mm512_set1_epi32(xm[1]));
       }
     }
-    const __m512 s = load16(sz + g * 32), z = load16(sz + g * 32 + 16);
-    const __m512 zz = _mm512_fmadd_ps(s, m8, z);
+    const __m512 s = load16(sz + g * (Z ? 32 : 16));
+    const __m512 zz = Z ? _mm512_fmadd_ps(s, m8, load16(sz + g * 32 + 16)) : _mm512_mul_ps(s, m8);
     for (int m = 0; m < M; ++m) {
       o[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), s, o[m]);
       o[m] = _mm512_fmadd_ps(zz, _mm512_set1_ps(xs[m * G + g]), o[m]);
@@ -454,37 +462,112 @@ inline __m512 load_row16<at::BFloat16>(const at::BFloat16* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
+// e^x for 16 lanes (x ≤ 0 here: scores minus their max): x = n·ln2 + r, |r| ≤ ln2/2, e^r by its degree-6
+// Taylor polynomial (relative error < 2e-7, about one fp32 ulp), times 2^n by vscalefps; x below −104 gives 0.
+inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-104.f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);   // ln2 = hi + lo, hi exact in n·hi
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_maskz_mov_ps(~under, _mm512_scalef_ps(p, n));
+}
+
+// 16 vectors → one: lane i = Σ lanes of v[i] (a transposing reduction, 15 adds).
+inline __m512 sum16(__m512* v) {
+  for (int i = 0; i < 8; ++i) {   // 16 → 8: pair (i, i + 8), lanes interleaved by 256-bit halves
+    const __m512 a = _mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), b = _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE);
+    v[i] = _mm512_add_ps(a, b);   // lanes 0-7: v[i]'s halves summed; 8-15: v[i + 8]'s
+  }
+  for (int i = 0; i < 4; ++i) {   // 8 → 4: 128-bit quarters
+    const __m512 a = _mm512_shuffle_f32x4(v[i], v[i + 4], 0x88), b = _mm512_shuffle_f32x4(v[i], v[i + 4], 0xDD);
+    v[i] = _mm512_add_ps(a, b);
+  }
+  for (int i = 0; i < 2; ++i) {   // 4 → 2: 64-bit pairs
+    const __m512 a = _mm512_shuffle_ps(v[i], v[i + 2], 0x44), b = _mm512_shuffle_ps(v[i], v[i + 2], 0xEE);
+    v[i] = _mm512_add_ps(a, b);
+  }
+  const __m512 a = _mm512_shuffle_ps(v[0], v[1], 0x88), b = _mm512_shuffle_ps(v[0], v[1], 0xDD);
+  return _mm512_add_ps(a, b);     // vector j's sum in lane sum16_order()[j]
+}
+
+// Where sum16 leaves each vector's sum (worked out from the shuffles above; the kernel tests check it).
+inline __m512i sum16_order() { return _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15); }
+
+template <typename T>
+inline __m512 dot_row(const __m512* qv, const T* kr, int64_t D, int64_t chunks) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
+    acc = _mm512_fmadd_ps(qv[c], load_row16(kr + c * 16, m), acc);
+  }
+  return acc;
+}
+
 template <typename T>
 void attend_one(const T* q, const T* k, const T* v, int64_t L, int64_t D, int64_t ks, const bool* keep,
                 int64_t keep_stride, float scale, float* scores, T* out) {
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
   const int64_t chunks = (D + 15) / 16;
   __m512 qv[16];  // D ≤ 256
   for (int64_t c = 0; c < chunks; ++c) {
     const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
     qv[c] = _mm512_mul_ps(load_row16(q + c * 16, m), _mm512_set1_ps(scale));
   }
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t l = 0; l < L; ++l) {
-    if (keep && !keep[l * keep_stride]) { scores[l] = -std::numeric_limits<float>::infinity(); continue; }
-    __m512 acc = _mm512_setzero_ps();
-    const T* kr = k + l * ks;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
-      acc = _mm512_fmadd_ps(qv[c], load_row16(kr + c * 16, m), acc);
+  // scores, 16 positions at a time where all 16 are kept (one transposing reduction), else one at a time
+  const __m512i order = sum16_order();
+  __m512 mxv = _mm512_set1_ps(kNone);
+  int64_t l = 0;
+  for (; l + 16 <= L; l += 16) {
+    bool all = true;
+    if (keep)
+      for (int64_t i = 0; i < 16 && all; ++i) all = keep[(l + i) * keep_stride];
+    if (all) {
+      __m512 acc[16];
+      for (int i = 0; i < 16; ++i) acc[i] = dot_row(qv, k + (l + i) * ks, D, chunks);
+      const __m512 sv = _mm512_permutexvar_ps(order, sum16(acc));
+      _mm512_storeu_ps(scores + l, sv);
+      mxv = _mm512_max_ps(mxv, sv);
+      continue;
     }
-    scores[l] = _mm512_reduce_add_ps(acc);
-    mx = std::max(mx, scores[l]);
+    for (int64_t i = l; i < l + 16; ++i) {
+      scores[i] = keep[i * keep_stride] ? _mm512_reduce_add_ps(dot_row(qv, k + i * ks, D, chunks)) : kNone;
+      mxv = _mm512_max_ps(mxv, _mm512_set1_ps(scores[i]));
+    }
   }
+  for (; l < L; ++l) {
+    scores[l] = keep && !keep[l * keep_stride] ? kNone : _mm512_reduce_add_ps(dot_row(qv, k + l * ks, D, chunks));
+    mxv = _mm512_max_ps(mxv, _mm512_set1_ps(scores[l]));
+  }
+  const float mx = _mm512_reduce_max_ps(mxv);
   __m512 o[16];
   for (int64_t c = 0; c < chunks; ++c) o[c] = _mm512_setzero_ps();
   float sum = 0.f;
-  if (mx != -std::numeric_limits<float>::infinity()) {
-    for (int64_t l = 0; l < L; ++l) {
-      if (scores[l] == -std::numeric_limits<float>::infinity()) continue;
-      const float p = std::exp(scores[l] - mx);
-      sum += p;
+  if (mx != kNone) {
+    // probabilities, 16 at a time (masked positions: e^−∞ = 0), then Σ p·v over the positions with p > 0
+    const __m512 mv = _mm512_set1_ps(mx);
+    __m512 sv = _mm512_setzero_ps();
+    for (int64_t i = 0; i < L; i += 16) {
+      const __mmask16 m = (__mmask16)(L - i >= 16 ? 0xFFFF : (1u << (L - i)) - 1);
+      const __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), mv));
+      _mm512_mask_storeu_ps(scores + i, m, p);
+      sv = _mm512_add_ps(sv, _mm512_maskz_mov_ps(m, p));
+    }
+    sum = _mm512_reduce_add_ps(sv);
+    for (int64_t i = 0; i < L; ++i) {
+      const float p = scores[i];
+      if (p == 0.f) continue;
       const __m512 pv = _mm512_set1_ps(p);
-      const T* vr = v + l * ks;
+      const T* vr = v + i * ks;
       for (int64_t c = 0; c < chunks; ++c) {
         const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
         o[c] = _mm512_fmadd_ps(pv, load_row16(vr + c * 16, m), o[c]);
@@ -601,8 +684,8 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
 // ---- int4_mm and w4a8_mm share the block loop: blocks of 16 packed int4 rows, split between
 // threads; B::block<M, S> computes one (int4_block for
 // bf16 activation pairs, w4a8_block for int8 activation quads: X is what the activations are held as).
-struct Int4Blocks {
-  template <int M, typename S>
+struct Int4Blocks {   // zeros always (check_int4)
+  template <int M, typename S, bool Z>
   static void block(const uint8_t* p, const S* sz, const uint32_t* x, const float* xs, int64_t K, int64_t G,
                     int64_t gs, float* out) {
     int4_block<M>(p, sz, x, xs, K, G, gs, out);
@@ -610,10 +693,10 @@ struct Int4Blocks {
 };
 
 struct W4A8Blocks {
-  template <int M, typename S>
+  template <int M, typename S, bool Z>
   static void block(const uint8_t* p, const S* sz, const int32_t* x, const float* xs, int64_t K, int64_t G,
                     int64_t gs, float* out) {
-    w4a8_block<M>(p, sz, x, xs, K, G, gs, out);
+    w4a8_block<M, S, Z>(p, sz, x, xs, K, G, gs, out);
   }
 };
 
@@ -621,7 +704,7 @@ template <typename B, typename X>
 struct PackedInt4 {
   template <int M>
   struct At {
-    template <typename S>
+    template <typename S, bool Z>
     static void typed(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
                       int64_t G, int64_t gs, float* y, int64_t N16) {
       const uint8_t* p = packed.data_ptr<uint8_t>();
@@ -629,15 +712,21 @@ struct PackedInt4 {
       at::parallel_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
         alignas(64) float out[M * 16];
         for (int64_t b = b0; b < b1; ++b) {
-          B::template block<M, S>(p + b * K * 8, s + b * G * 32, x, xs, K, G, gs, out);
+          B::template block<M, S, Z>(p + b * K * 8, s + b * G * (Z ? 32 : 16), x, xs, K, G, gs, out);
           for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
         }
       });
     }
     static void run(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
                     int64_t G, int64_t gs, float* y, int64_t N16) {
-      if (sz.scalar_type() == at::kBFloat16) typed<at::BFloat16>(packed, sz, x, xs, K, G, gs, y, N16);
-      else typed<float>(packed, sz, x, xs, K, G, gs, y, N16);
+      const bool z = sz.numel() == N16 * G * 2;   // else the scales alone (symmetric int4: check_int4)
+      if (sz.scalar_type() == at::kBFloat16) {
+        if (z) typed<at::BFloat16, true>(packed, sz, x, xs, K, G, gs, y, N16);
+        else typed<at::BFloat16, false>(packed, sz, x, xs, K, G, gs, y, N16);
+      } else {
+        if (z) typed<float, true>(packed, sz, x, xs, K, G, gs, y, N16);
+        else typed<float, false>(packed, sz, x, xs, K, G, gs, y, N16);
+      }
     }
   };
 };
@@ -651,9 +740,12 @@ void check_int4(const at::Tensor& packed, const at::Tensor& sz, int64_t K, int64
   const int64_t N16 = packed.size(0) * 16, G = K / gs;
   TORCH_CHECK(packed.size(1) == K * 8, "packed is [N/16, K·8] for K = ", K);
   TORCH_CHECK(n > 0 && n <= N16, "out_features must be in (0, ", N16, "]");
-  TORCH_CHECK(sz.is_contiguous() && sz.numel() == N16 * G * 2 &&
+  // w4a8's layout (8 k a chunk) also takes the scales alone: symmetric int4, zeros 0 (kernels/packing.py)
+  const bool scales_alone = per_byte == 8 && sz.numel() == N16 * G;
+  TORCH_CHECK(sz.is_contiguous() && (sz.numel() == N16 * G * 2 || scales_alone) &&
                   (sz.scalar_type() == at::kBFloat16 || sz.scalar_type() == at::kFloat),
-              "scales_zeros must be bf16/fp32 [N/16, G, 2, 16]");
+              per_byte == 8 ? "scales_zeros must be bf16/fp32 [N/16, G, 2, 16] or, the scales alone, [N/16, G, 16]"
+                            : "scales_zeros must be bf16/fp32 [N/16, G, 2, 16]");
 }
 
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
@@ -919,10 +1011,11 @@ at::Tensor int4_digits_mm(const at::Tensor& x_, const at::Tensor& packed, const 
 }
 
 // ---- decode_attention
+// B rows of q against the first L positions of k, v (which may hold more rows and positions: a static cache).
 template <typename T>
 void decode_attention_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* keep,
-                            int64_t keep_b, int64_t keep_l, double scale, at::Tensor& out) {
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = k.size(1), L = k.size(2);
+                            int64_t keep_b, int64_t keep_l, double scale, at::Tensor& out, int64_t B, int64_t L) {
+  const int64_t H = q.size(1), D = q.size(3), Hkv = k.size(1);
   const int64_t group = H / Hkv;
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
@@ -962,8 +1055,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     kl = m.stride(1);
   }
   auto out = at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());  // [B, 1, H, D]
-  if (q.scalar_type() == at::kFloat) decode_attention_typed<float>(q, k, v, kp, kb, kl, scale, out);
-  else decode_attention_typed<at::BFloat16>(q, k, v, kp, kb, kl, scale, out);
+  if (q.scalar_type() == at::kFloat) decode_attention_typed<float>(q, k, v, kp, kb, kl, scale, out, q.size(0), k.size(2));
+  else decode_attention_typed<at::BFloat16>(q, k, v, kp, kb, kl, scale, out, q.size(0), k.size(2));
   return out;
 }
 
@@ -990,9 +1083,56 @@ at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tenso
 at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n) {
   return w4a8_mm(x, p, sz, gs, n);
 }
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const c10::optional<at::Tensor>& keep, double scale) {
-  return decode_attention(q, k, v, keep, scale);
+// q [B, H, 1, D] against the first `length` positions of a static cache k, v [≥ B, Hkv, ≥ length, D] (their
+// shapes and dtypes checked by the caller, decode_layers): no views made. keep: bool [B, length] or undefined.
+at::Tensor attention_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
+                           const c10::optional<at::Tensor>& keep, double scale) {
+  const bool* kp = keep.has_value() ? keep->data_ptr<bool>() : nullptr;
+  const int64_t kb = keep.has_value() ? keep->stride(0) : 0, kl = keep.has_value() ? keep->stride(1) : 0;
+  auto out = at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());
+  if (q.scalar_type() == at::kFloat) decode_attention_typed<float>(q, k, v, kp, kb, kl, scale, out, q.size(0), length);
+  else decode_attention_typed<at::BFloat16>(q, k, v, kp, kb, kl, scale, out, q.size(0), length);
+  return out;
+}
+
+// g ← dtype(dtype(silu(g)) · u) in place, as transformers' MLP: act_fn(gate) * up, each op rounding to the dtype.
+template <typename T>
+void silu_mul_typed(T* g, const T* u, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    const __m512 x = load_row16(g + i, m);
+    __m512 a = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    if constexpr (std::is_same_v<T, at::BFloat16>) a = round_bf16(a);
+    store16(g + i, _mm512_mul_ps(a, load_row16(u + i, m)), m);
+  }
+}
+
+// out[m] = w · dtype(h[m] · rsqrt(mean(h[m]²) + eps)), the mean in fp32: LlamaRMSNorm / Qwen2RMSNorm.
+template <typename T>
+void rms_norm(const T* h, const T* w, int64_t M, int64_t D, float eps, T* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const T* row = h + m * D;
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t i = 0; i < D; i += 16) {
+      const __m512 v = load_row16(row + i, (__mmask16)(D - i >= 16 ? 0xFFFF : (1u << (D - i)) - 1));
+      ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    const __m512 r = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(D) + eps));
+    for (int64_t i = 0; i < D; i += 16) {
+      const __mmask16 k = (__mmask16)(D - i >= 16 ? 0xFFFF : (1u << (D - i)) - 1);
+      __m512 x = _mm512_mul_ps(load_row16(row + i, k), r);
+      if constexpr (std::is_same_v<T, at::BFloat16>) x = round_bf16(x);
+      store16(out + m * D + i, _mm512_mul_ps(load_row16(w + i, k), x), k);
+    }
+  }
+}
+template void rms_norm<float>(const float*, const float*, int64_t, int64_t, float, float*);
+template void rms_norm<at::BFloat16>(const at::BFloat16*, const at::BFloat16*, int64_t, int64_t, float, at::BFloat16*);
+
+void silu_mul(at::Tensor& g, const at::Tensor& u) {
+  if (g.scalar_type() == at::kFloat) silu_mul_typed(g.data_ptr<float>(), u.data_ptr<float>(), g.numel());
+  else silu_mul_typed(g.data_ptr<at::BFloat16>(), u.data_ptr<at::BFloat16>(), g.numel());
 }
 }  // namespace vk
 

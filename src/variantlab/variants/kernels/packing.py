@@ -12,7 +12,9 @@ The kernels (gemv_avx512.cpp) read:
   byte 4i + j = q[i, 8c + j] | q[i, 8c + 4 + j] << 4: the 4 bytes of lane i are row i's 4 columns,
   one lane of `_mm512_dpbusd_epi32` against a broadcast quad of int8 activations.
 - both int4 kernels: `pack_scales_zeros(s, z)`: [N/16, G, 2, 16], the 16 scales then the 16 zeros of
-  a block's group g in one 64-byte line (bf16) next to the weights that use them.
+  a block's group g in one 64-byte line (bf16) next to the weights that use them. w4a8_mm and
+  int4_digits_mm also read symmetric int4 (z = 0): `pack_scales_zeros(s, None)`, [N/16, G, 16], the
+  scales alone (their size tells the kernel which), 4.5 bits a weight at group 32 where both are 5.
 
 q, s, z are quant_packing's int4 convention: w = (q − 8)·s + z, q ∈ [0, 15], s, z [N, G]. Packing is
 lossless (`unpack_*` invert it; the tests check), so an artifact can keep quant_packing's portable
@@ -69,16 +71,21 @@ def unpack_int4_vnni(p: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat((quads & 15, quads >> 4), dim=-1).transpose(1, 2).reshape(nb * BLOCK, -1)[:n]
 
 
-def pack_scales_zeros(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """s, z [N, G] → [N16/16, G, 2, 16] in their dtype (padded rows: 0, so they contribute 0)."""
+def pack_scales_zeros(s: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+    """s, z [N, G] → [N16/16, G, 2, 16] in their dtype (padded rows: 0, so they contribute 0); z None (symmetric
+    int4): s alone, [N16/16, G, 16]."""
     n, g = s.shape
     pad = padded_rows(n) - n
-    sz = torch.stack((s, z), dim=0)                                   # [2, N, G]
-    sz = torch.nn.functional.pad(sz, (0, 0, 0, pad))                  # [2, N16, G]
-    return sz.reshape(2, -1, BLOCK, g).permute(1, 3, 0, 2).contiguous()  # [nb, G, 2, 16]
+    sz = torch.stack((s,) if z is None else (s, z), dim=0)           # [2 or 1, N, G]
+    sz = torch.nn.functional.pad(sz, (0, 0, 0, pad))                  # [., N16, G]
+    sz = sz.reshape(sz.shape[0], -1, BLOCK, g).permute(1, 3, 0, 2)   # [nb, G, ., 16]
+    return (sz if z is not None else sz[:, :, 0]).contiguous()
 
 
 def unpack_scales_zeros(sz: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of pack_scales_zeros: (s, z) [n, G]; z is zeros for the scales alone."""
+    if sz.dim() == 3:
+        sz = torch.stack((sz, torch.zeros_like(sz)), dim=2)
     nb, g = sz.shape[:2]
     flat = sz.permute(2, 0, 3, 1).reshape(2, nb * BLOCK, g)
     return flat[0, :n], flat[1, :n]
