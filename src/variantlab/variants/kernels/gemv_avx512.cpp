@@ -778,11 +778,20 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 
 // Read in place (fp32 or bf16, converted per element): no fp32 copy of x is made, and no aten op runs
 // around the kernel (each would cost a dispatch, ~1 µs, per linear per token: issue 10's explain).
+inline __mmask16 tail16(int64_t left) { return (__mmask16)(left >= 16 ? 0xFFFF : (1u << left) - 1); }
+
 template <typename T>
 float row_scale(const T* row, int64_t K) {   // max|x| / 127, at least FLT_MIN
-  float amax = 0.f;
-  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(row[k])));
-  return std::max(amax / 127.f, std::numeric_limits<float>::min());
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load_row16(row + k, tail16(K - k))));
+  return std::max(_mm512_reduce_max_ps(amax) / 127.f, std::numeric_limits<float>::min());
+}
+
+// 16 lanes rounded half to even and clamped to [−127, 127], as int8 (std::nearbyint, clamp, cast: exact).
+inline __m128i round_clamp_i8(__m512 v) {
+  const __m512 r = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 c = _mm512_min_ps(_mm512_set1_ps(127.f), _mm512_max_ps(_mm512_set1_ps(-127.f), r));
+  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(c));
 }
 
 template <typename T>
@@ -791,9 +800,10 @@ void quantize_rows_typed(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* x
     const T* row = p + m * sm;
     const float am = row_scale(row, K);
     a[m] = am;
-    for (int64_t k = 0; k < K; ++k) {
-      const float v = std::nearbyint(static_cast<float>(row[k]) / am);
-      xq[m * ld + k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+    const __m512 av = _mm512_set1_ps(am);
+    for (int64_t k = 0; k < K; k += 16) {   // x / a (a division, as the reference divides), then rounded
+      const __mmask16 t = tail16(K - k);
+      _mm_mask_storeu_epi8(xq + m * ld + k, t, round_clamp_i8(_mm512_div_ps(load_row16(row + k, t), av)));
     }
   }
 }
@@ -810,10 +820,11 @@ void quantize_rows(const at::Tensor& x_, int8_t* xq, int64_t ld, float* a) {
 // y[m, j] = yf[m, j] · a[m] for j < n, in y's dtype: the per-token scale and the cast, in one pass.
 template <typename T>
 void scale_rows_into(const float* yf, int64_t ldf, const float* a, int64_t M, int64_t n, T* y) {
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m)
-      for (int64_t j = 0; j < n; ++j) y[m * n + j] = static_cast<T>(yf[m * ldf + j] * a[m]);
-  });
+  for (int64_t m = 0; m < M; ++m) {
+    const __m512 am = _mm512_set1_ps(a[m]);
+    for (int64_t j = 0; j < n; j += 16)
+      store16(y + m * n + j, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail16(n - j), yf + m * ldf + j), am), tail16(n - j));
+  }
 }
 
 template <int M>
@@ -911,11 +922,15 @@ void digits_rows(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, int64
     const T* row = p + m * sm;
     const float am = row_scale(row, K);
     a[m] = am;
-    for (int64_t k = 0; k < K; ++k) {
-      const float v = static_cast<float>(row[k]) / am;
-      const float h = std::min(127.f, std::max(-127.f, std::nearbyint(v)));
-      xq[2 * m * ld + k] = static_cast<int8_t>(h);
-      xq[(2 * m + 1) * ld + k] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint((v - h) * 256.f))));
+    const __m512 av = _mm512_set1_ps(am), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 t = tail16(K - k);
+      const __m512 v = _mm512_div_ps(load_row16(row + k, t), av);
+      const __m512 h = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT |
+                                                                                     _MM_FROUND_NO_EXC)));
+      _mm_mask_storeu_epi8(xq + 2 * m * ld + k, t, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(h)));
+      _mm_mask_storeu_epi8(xq + (2 * m + 1) * ld + k, t,
+                           round_clamp_i8(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(256.f))));
     }
   }
 }
@@ -951,11 +966,14 @@ std::vector<float> w4a8_rows_core(const std::vector<int8_t>& xq, int64_t R, cons
                                   int64_t K, int64_t gs) {
   const int64_t G = K / gs, N16 = packed.size(0) * 16;
   std::vector<float> xs(R * G);
-  for (int64_t m = 0; m < R; ++m)
+  for (int64_t m = 0; m < R; ++m)   // gs is a multiple of 8 (check_int4): 8 int8 at a time
     for (int64_t g = 0; g < G; ++g) {
-      int32_t t = 0;
-      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) t += xq[m * K + k];
-      xs[m * G + g] = static_cast<float>(t);
+      __m256i t = _mm256_setzero_si256();
+      for (int64_t k = g * gs; k < (g + 1) * gs; k += 8)
+        t = _mm256_add_epi32(t, _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(xq.data() + m * K + k))));
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      xs[m * G + g] = static_cast<float>(_mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1))));
     }
   std::vector<float> yf(R * N16);
   const int32_t* xq4 = (const int32_t*)xq.data();
@@ -987,9 +1005,14 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 // of the digit rows is hi, 2m + 1 lo, and y[m] = a[m]·(yf[2m] + yf[2m + 1] / 256); the packed layout is w4a8_mm's.
 template <typename T>
 void combine_digits(const float* yf, int64_t N16, const float* a, int64_t M, int64_t n, T* y) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < n; ++j)
-      y[m * n + j] = static_cast<T>((yf[2 * m * N16 + j] + yf[(2 * m + 1) * N16 + j] * (1.f / 256.f)) * a[m]);
+  for (int64_t m = 0; m < M; ++m) {
+    const __m512 am = _mm512_set1_ps(a[m]), inv = _mm512_set1_ps(1.f / 256.f);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 t = tail16(n - j);
+      const __m512 hi = _mm512_maskz_loadu_ps(t, yf + 2 * m * N16 + j), lo = _mm512_maskz_loadu_ps(t, yf + (2 * m + 1) * N16 + j);
+      store16(y + m * n + j, _mm512_mul_ps(_mm512_add_ps(hi, _mm512_mul_ps(lo, inv)), am), t);
+    }
+  }
 }
 
 at::Tensor int4_digits_mm(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
