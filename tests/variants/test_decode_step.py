@@ -55,6 +55,37 @@ def test_every_recipe_runs_in_the_step_with_transformers_tokens(our_kernels, qwe
         assert tokens(ours, requests(n)) == tokens(theirs, requests(n))
 
 
+@pytest.mark.parametrize("recipe,options", [("fp32", {}), ("bf16", {}), ("int8", {}), ("w8a8", {}),
+                                            ("int4", {"group_size": 32, "symmetric": True}), ("w4a8", {"group_size": 32})])
+def test_the_team_computes_what_one_thread_computes(our_kernels, qwen2_dir, recipe, options):
+    """With 2 or more threads every layer of a token runs in one OpenMP region, each thread its share of each
+    step (kernels/decode_step.cpp); 3 threads split every step unevenly. The logits of each step are the same,
+    bit for bit, as one thread's (which runs the layers one kernel call at a time)."""
+    ours, _ = engines(qwen2_dir, recipe, options)
+    ids = torch.tensor([[5, 9, 11, 3]])
+    before = torch.get_num_threads()
+    logits: list[torch.Tensor] = []
+    hook = ours.model.lm_head.register_forward_hook(lambda mod, args, out: logits.append(out.detach().clone()))
+    got = {}
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                cache = ours.caches.acquire(1, 16)
+                ours.model(input_ids=ids, past_key_values=cache, use_cache=True)
+                logits.clear()
+                nxt = ids[:, -1:]
+                for _ in range(4):
+                    nxt = ours.step(nxt, cache, None, None)
+            got[threads] = torch.stack(logits)
+    finally:
+        hook.remove()
+        torch.set_num_threads(before)
+    assert got[1].shape[0] == 4
+    assert torch.isfinite(got[1]).all()
+    assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[3])
+
+
 def test_the_step_advances_the_cache_and_hands_wide_batches_to_transformers(our_kernels, tiny_model_dir):
     ours, theirs = engines(tiny_model_dir)
     calls = []

@@ -17,25 +17,37 @@
 // Each sub-step is a profiler range named for what it does (variantlab_kernels::fp32_mm, ::int4pack_mm for aten's, ::rms_norm, ::rotary_embedding, ::silu_mul,
 // ...), so `variantlab explain` still breaks a step down (explain/categories.py).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/library.h>
+#include <omp.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <optional>
+#include <utility>
 #include <vector>
 
-namespace vk {
-at::Tensor fp32(const at::Tensor& x, const at::Tensor& w);
-at::Tensor bf16(const at::Tensor& x, const at::Tensor& w);
-at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s);
-at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums);
-at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums);
-at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n);
-at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n);
+namespace vk {   // gemv_avx512.cpp; out: a shared output (the team's), or nullptr: made there
+at::Tensor fp32(const at::Tensor& x, const at::Tensor& w, const at::Tensor* out = nullptr);
+at::Tensor bf16(const at::Tensor& x, const at::Tensor& w, const at::Tensor* out = nullptr);
+at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor* out = nullptr);
+at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
+                       const at::Tensor* out = nullptr);
+at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
+                const at::Tensor* out = nullptr);
+at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
+                const at::Tensor* out = nullptr);
+at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
+                       const at::Tensor* out = nullptr);
 at::Tensor attention_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
-                           const c10::optional<at::Tensor>& keep, double scale);
+                           const c10::optional<at::Tensor>& keep, double scale, const at::Tensor* into = nullptr);
 void silu_mul(at::Tensor& g, const at::Tensor& u);
+void set_team(bool on);
+std::pair<int64_t, int64_t> team_share(int64_t n);
 template <typename T>
 void rms_norm(const T* h, const T* w, int64_t M, int64_t D, float eps, T* out);
 }  // namespace vk
@@ -48,16 +60,37 @@ constexpr int64_t kTensorsPerLinear = 4; // a, b, bias, aux (empty where none; I
 constexpr int64_t kIntsPerLinear = 3;    // kind, group size, out features
 constexpr int64_t kTensorsPerLayer = 2 + kLinears * kTensorsPerLinear;  // + the two norms' weights
 
-#define VK_RANGE(name) RECORD_FUNCTION("variantlab_kernels::" name, std::vector<c10::IValue>())
+// A profiler range named for what a sub-step does; in the team, thread 0's alone (its view, barriers aside).
+struct Range {
+  std::optional<at::RecordFunction> guard;
+  explicit Range(const char* name) {
+    if (omp_get_thread_num() != 0) return;
+    guard.emplace(at::RecordScope::FUNCTION);
+    if (guard->isActive()) ::at::detail::record_function_with_scope(*guard, name, std::vector<c10::IValue>());
+  }
+};
+#define VK_RANGE(name) Range vk_range_("variantlab_kernels::" name)
 
 struct Linear {
   int64_t kind, gs, n;
   const at::Tensor *a, *b, *bias, *aux;
 };
 
+// Whether `linear` runs one of our kernels for this kind at M rows of K (the team needs that: aten's would run
+// whole in every thread).
+bool ours_at(const Linear& l, int64_t M, int64_t K, bool fp32) {
+  switch (l.kind) {
+    case DENSE: return fp32 || M <= 4 || K <= 1024;
+    case INT8: return M == 1 || K <= 1024;
+    case W8A8: case W4A8: case INT4_DIGITS: return true;
+    default: return false;
+  }
+}
+
 // x [M, K] (M ≤ 8) → [M, n] in x's dtype: the kernel the module itself calls at this M (quant_linear.py,
-// kernel_linear.py, kernels.OURS_UP_TO), with its bias.
-at::Tensor linear(const Linear& l, const at::Tensor& x) {
+// kernel_linear.py, kernels.OURS_UP_TO), with its bias. out: the team's shared output (this thread writes its
+// share; the bias is then the caller's), or nullptr.
+at::Tensor linear(const Linear& l, const at::Tensor& x, const at::Tensor* out = nullptr) {
   const int64_t M = x.size(0), K = x.size(1);
   const bool small_k = K <= 1024;
   at::Tensor y;
@@ -65,10 +98,10 @@ at::Tensor linear(const Linear& l, const at::Tensor& x) {
     case DENSE:
       if (x.scalar_type() == at::kFloat) {
         VK_RANGE("fp32_mm");
-        y = vk::fp32(x, *l.a);
+        y = vk::fp32(x, *l.a, out);
       } else if (M <= 4 || small_k) {
         VK_RANGE("bf16_mm");
-        y = vk::bf16(x, *l.a);
+        y = vk::bf16(x, *l.a, out);
       } else {
         VK_RANGE("linear_mm");   // aten::linear
         y = at::linear(x, *l.a);
@@ -77,10 +110,10 @@ at::Tensor linear(const Linear& l, const at::Tensor& x) {
     case INT8:
       if ((M == 1 || small_k) && x.scalar_type() == at::kBFloat16) {
         VK_RANGE("int8_digits_mm");
-        y = vk::int8_digits(x, *l.a, *l.b, *l.aux);
+        y = vk::int8_digits(x, *l.a, *l.b, *l.aux, out);
       } else if (M == 1 || small_k) {
         VK_RANGE("int8_mm");
-        y = vk::int8(x, *l.a, *l.b);
+        y = vk::int8(x, *l.a, *l.b, out);
       } else {
         VK_RANGE("int8pack_mm");   // aten::_weight_int8pack_mm
         y = at::_weight_int8pack_mm(x, *l.a, *l.b);
@@ -94,47 +127,48 @@ at::Tensor linear(const Linear& l, const at::Tensor& x) {
     }
     case W8A8: {
       VK_RANGE("w8a8_mm");
-      y = vk::w8a8(x, *l.a, *l.b, *l.aux);
+      y = vk::w8a8(x, *l.a, *l.b, *l.aux, out);
       break;
     }
     case INT4_DIGITS: {
       VK_RANGE("int4_digits_mm");
-      y = vk::int4_digits(x, *l.a, *l.b, l.gs, l.n);
+      y = vk::int4_digits(x, *l.a, *l.b, l.gs, l.n, out);
       break;
     }
     case W4A8: {
       VK_RANGE("w4a8_mm");
-      y = vk::w4a8(x, *l.a, *l.b, l.gs, l.n);
+      y = vk::w4a8(x, *l.a, *l.b, l.gs, l.n, out);
       break;
     }
     default:
       TORCH_CHECK(false, "decode_layers: unknown linear kind ", l.kind);
   }
-  if (l.bias->numel() > 0) y.add_(*l.bias);
+  if (l.bias->numel() > 0 && !out) y.add_(*l.bias);
   return y;
 }
 
 template <typename T>
 inline T round_to(float v) { return static_cast<T>(v); }   // c10::BFloat16(float): round to nearest even
 
-// x [M, heads, D] in place: x·cos + rotate_half(x)·sin, each product and the sum rounded to T (as eager).
+// One head v [D] in place: v·cos + rotate_half(v)·sin, each product and the sum rounded to T (as eager).
+template <typename T>
+void rope_one(T* v, const T* c, const T* s, int64_t D, float* tmp) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < D; ++i) {
+    const float rot = i < half ? -static_cast<float>(v[i + half]) : static_cast<float>(v[i - half]);
+    const float a = static_cast<float>(round_to<T>(static_cast<float>(v[i]) * static_cast<float>(c[i])));
+    const float b = static_cast<float>(round_to<T>(rot * static_cast<float>(s[i])));
+    tmp[i] = a + b;
+  }
+  for (int64_t i = 0; i < D; ++i) v[i] = round_to<T>(tmp[i]);
+}
+
+// x [M, heads, D] in place, every head (rope_one).
 template <typename T>
 void rope(T* x, const T* cos, const T* sin, int64_t M, int64_t heads, int64_t D) {
-  const int64_t half = D / 2;
   std::vector<float> tmp(D);
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t h = 0; h < heads; ++h) {
-      T* v = x + (m * heads + h) * D;
-      const T* c = cos + m * D;
-      const T* s = sin + m * D;
-      for (int64_t i = 0; i < D; ++i) {
-        const float rot = i < half ? -static_cast<float>(v[i + half]) : static_cast<float>(v[i - half]);
-        const float a = static_cast<float>(round_to<T>(static_cast<float>(v[i]) * static_cast<float>(c[i])));
-        const float b = static_cast<float>(round_to<T>(rot * static_cast<float>(s[i])));
-        tmp[i] = a + b;
-      }
-      for (int64_t i = 0; i < D; ++i) v[i] = round_to<T>(tmp[i]);
-    }
+    for (int64_t h = 0; h < heads; ++h) rope_one(x + (m * heads + h) * D, cos + m * D, sin + m * D, D, tmp.data());
 }
 
 // cache [Bc, Hkv, L, D] (its first M rows) at position col ← x [M, Hkv, D].
@@ -200,6 +234,170 @@ void layer(at::Tensor& h, const at::Tensor* t, const Linear* lin, at::Tensor& ke
   }
 }
 
+// ---- the team: every layer of a token in one OpenMP region, each thread computing its share of each step and
+// the steps separated by barriers (an OpenMP region costs ~1.5 µs to open on 2 cores, a barrier ~0.5: eight
+// regions a layer were 5-10% of a 4-bit decode step at the 115M shape). Outputs every thread writes to are made
+// before the region; each thread keeps its own normed activations (computed whole by every thread: cheaper than
+// a barrier), so only the steps that read what other threads wrote wait for them.
+
+struct Shared {
+  at::Tensor q, k, v, a, a2, o, g, u, d;   // the layer's outputs ([M, ·] in h's dtype); a2: a as [M, heads·hd]
+  at::Tensor q4;                           // q as [M, heads, 1, hd], attention's view
+  std::vector<at::Tensor> x;               // per thread: rmsnorm(h) [M, D]
+};
+
+// The first exception a thread meets ends the token for all: each step's work is caught, and after each barrier
+// every thread reads the same flag (written before it), so all leave at the same barrier; it is rethrown after.
+struct Failure {
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  template <typename F>
+  bool step(F&& f) {
+    if (!failed.load(std::memory_order_relaxed)) {
+      try {
+        f();
+      } catch (...) {
+#pragma omp critical(variantlab_decode_failure)
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+#pragma omp barrier
+    return !failed.load();
+  }
+};
+
+// y[m, j] ← dtype(y + bias[j]) over this thread's share of the flat [M, n] in blocks of 16 (silu_mul's split).
+template <typename T>
+void add_bias_share(at::Tensor& y, const at::Tensor& bias, int64_t M, int64_t n) {
+  if (bias.numel() == 0) return;
+  T* p = y.data_ptr<T>();
+  const T* b = bias.data_ptr<T>();
+  const auto [b0, b1] = vk::team_share((M * n + 15) / 16);
+  for (int64_t i = 16 * b0; i < std::min(M * n, 16 * b1); ++i) p[i] = round_to<T>(static_cast<float>(p[i]) + static_cast<float>(b[i % n]));
+}
+
+// h ← dtype(h + dtype(y + bias)) over this thread's share of the flat [M, D] (the residual, the bias rounded first
+// as the non-team path's y.add_(bias) rounds it).
+template <typename T>
+void residual_share(at::Tensor& h, const at::Tensor& y, const at::Tensor& bias, int64_t M, int64_t D) {
+  T* hp = h.data_ptr<T>();
+  const T* yp = y.data_ptr<T>();
+  const T* b = bias.numel() ? bias.data_ptr<T>() : nullptr;
+  const auto [b0, b1] = vk::team_share((M * D + 15) / 16);
+  for (int64_t i = 16 * b0; i < std::min(M * D, 16 * b1); ++i) {
+    const float yv = b ? static_cast<float>(round_to<T>(static_cast<float>(yp[i]) + static_cast<float>(b[i % D])))
+                       : static_cast<float>(yp[i]);
+    hp[i] = round_to<T>(static_cast<float>(hp[i]) + yv);
+  }
+}
+
+template <typename T>
+bool team_layer(at::Tensor& h, const at::Tensor* t, const Linear* lin, at::Tensor& keys, at::Tensor& values,
+                const at::Tensor& cos, const at::Tensor& sin, const c10::optional<at::Tensor>& keep, int64_t col,
+                int64_t length, double eps, int64_t heads, int64_t kv_heads, int64_t head_dim, double scale,
+                Shared& S, Failure& F) {
+  const int64_t M = h.size(0), D = h.size(1), hd = head_dim;
+  at::Tensor& x = S.x[omp_get_thread_num()];
+  const bool ok = F.step([&] {
+    {
+      VK_RANGE("rms_norm");
+      vk::rms_norm(h.data_ptr<T>(), t[0].data_ptr<T>(), M, D, static_cast<float>(eps), x.data_ptr<T>());
+    }
+    linear(lin[0], x, &S.q);
+    linear(lin[1], x, &S.k);
+    linear(lin[2], x, &S.v);
+  }) && F.step([&] {   // biases, rotary embedding and the cache write, by (row, head)
+    VK_RANGE("rotary_embedding");
+    std::vector<float> tmp(hd);
+    const auto [i0, i1] = vk::team_share(M * (heads + kv_heads));
+    for (int64_t i = i0; i < i1; ++i) {
+      const bool query = i < M * heads;
+      const int64_t m = query ? i / heads : (i - M * heads) / kv_heads, head = query ? i % heads : (i - M * heads) % kv_heads;
+      const T* c = cos.data_ptr<T>() + m * hd;
+      const T* sn = sin.data_ptr<T>() + m * hd;
+      auto one = [&](at::Tensor& y, const Linear& l, int64_t count, bool rotate) -> T* {
+        T* row = y.data_ptr<T>() + (m * count + head) * hd;
+        if (l.bias->numel()) {
+          const T* b = l.bias->data_ptr<T>() + head * hd;
+          for (int64_t j = 0; j < hd; ++j) row[j] = round_to<T>(static_cast<float>(row[j]) + static_cast<float>(b[j]));
+        }
+        if (rotate) rope_one(row, c, sn, hd, tmp.data());
+        return row;
+      };
+      if (query) {
+        one(S.q, lin[0], heads, true);
+        continue;
+      }
+      const T* kr = one(S.k, lin[1], kv_heads, true);
+      const T* vr = one(S.v, lin[2], kv_heads, false);
+      std::memcpy(keys.data_ptr<T>() + m * keys.stride(0) + head * keys.stride(1) + col * keys.stride(2), kr, hd * sizeof(T));
+      std::memcpy(values.data_ptr<T>() + m * values.stride(0) + head * values.stride(1) + col * values.stride(2), vr,
+                  hd * sizeof(T));
+    }
+  }) && F.step([&] {
+    VK_RANGE("decode_attention");
+    vk::attention_cache(S.q4, keys, values, length, keep, scale, &S.a);
+  }) && F.step([&] {
+    linear(lin[3], S.a2, &S.o);
+  }) && F.step([&] {
+    VK_RANGE("residual_add");
+    residual_share<T>(h, S.o, *lin[3].bias, M, D);
+  }) && F.step([&] {
+    {
+      VK_RANGE("rms_norm");
+      vk::rms_norm(h.data_ptr<T>(), t[1].data_ptr<T>(), M, D, static_cast<float>(eps), x.data_ptr<T>());
+    }
+    linear(lin[4], x, &S.g);
+    linear(lin[5], x, &S.u);
+  }) && F.step([&] {
+    VK_RANGE("silu_mul");
+    add_bias_share<T>(S.g, *lin[4].bias, M, lin[4].n);
+    add_bias_share<T>(S.u, *lin[5].bias, M, lin[5].n);
+    vk::silu_mul(S.g, S.u);
+  }) && F.step([&] {
+    linear(lin[6], S.g, &S.d);
+  }) && F.step([&] {
+    VK_RANGE("residual_add");
+    residual_share<T>(h, S.d, *lin[6].bias, M, D);
+  });
+  return ok;
+}
+
+// Every layer through the team (team_layer), h in place; rethrows the first error a thread met.
+template <typename T>
+void team_layers(at::Tensor& h, at::TensorList tensors, const std::vector<Linear>& lins, at::TensorList keys,
+                 at::TensorList values, const at::Tensor& cos, const at::Tensor& sin,
+                 const c10::optional<at::Tensor>& keep, int64_t col, int64_t length, double eps, int64_t heads,
+                 int64_t kv_heads, int64_t head_dim, double scale, int threads) {
+  const int64_t M = h.size(0);
+  const auto o = h.options();
+  Shared S;
+  S.q = at::empty({M, heads * head_dim}, o);
+  S.k = at::empty({M, kv_heads * head_dim}, o);
+  S.v = at::empty({M, kv_heads * head_dim}, o);
+  S.a = at::empty({M, 1, heads, head_dim}, o);
+  S.a2 = S.a.view({M, heads * head_dim});
+  S.q4 = S.q.view({M, heads, 1, head_dim});
+  S.o = at::empty({M, lins[3].n}, o);
+  S.g = at::empty({M, lins[4].n}, o);
+  S.u = at::empty({M, lins[5].n}, o);
+  S.d = at::empty({M, lins[6].n}, o);
+  for (int i = 0; i < threads; ++i) S.x.push_back(at::empty_like(h));
+  std::vector<at::Tensor> k(keys.begin(), keys.end()), v(values.begin(), values.end());
+  Failure F;
+#pragma omp parallel num_threads(threads)
+  {
+    vk::set_team(true);
+    for (size_t i = 0; i < k.size(); ++i)
+      if (!team_layer<T>(h, &tensors[i * kTensorsPerLayer], &lins[i * kLinears], k[i], v[i], cos, sin, keep, col,
+                         length, eps, heads, kv_heads, head_dim, scale, S, F))
+        break;
+    vk::set_team(false);
+  }
+  if (F.error) std::rethrow_exception(F.error);
+}
+
 // h [B, D] (the embedded tokens) → h after every layer, in place and returned. tensors: per layer the two
 // norms' weights and 7 linears × (a, b, bias, aux); ints: per layer 7 × (kind, group size, out features).
 // keys/values: each layer's static cache [Bc ≥ B, Hkv, L, head_dim]; the new position is written at col,
@@ -229,21 +427,40 @@ at::Tensor decode_layers(at::Tensor h, at::TensorList tensors, at::IntArrayRef i
                     k.size(0) >= h.size(0) && k.size(1) == kv_heads && k.size(3) == head_dim && k.size(2) >= length &&
                     k.stride(3) == 1 && v.sizes() == k.sizes() && v.strides() == k.strides(),
                 "decode_layers: layer ", i, "'s cache must be [B, kv_heads, ≥ length, head_dim] in h's dtype");
-    const at::Tensor* t = &tensors[i * kTensorsPerLayer];
-    Linear lin[kLinears];
+    TORCH_CHECK(counters[i].scalar_type() == at::kLong && counters[i].numel() == 1,
+                "decode_layers: counters are int64 scalars");
+  }
+  std::vector<Linear> lins(layers * kLinears);
+  const bool fp32 = h.scalar_type() == at::kFloat;
+  bool ours = true;   // every linear on our kernels at this M: the team can run the token
+  for (int64_t i = 0; i < layers; ++i)
     for (int64_t j = 0; j < kLinears; ++j) {
       const int64_t* iv = &ints[(i * kLinears + j) * kIntsPerLinear];
-      const at::Tensor* lt = t + 2 + j * kTensorsPerLinear;
-      lin[j] = Linear{iv[0], iv[1], iv[2], lt, lt + 1, lt + 2, lt + 3};
+      const at::Tensor* lt = &tensors[i * kTensorsPerLayer + 2 + j * kTensorsPerLinear];
+      Linear& l = lins[i * kLinears + j];
+      l = Linear{iv[0], iv[1], iv[2], lt, lt + 1, lt + 2, lt + 3};
+      ours = ours && ours_at(l, h.size(0), j == 6 ? lins[i * kLinears + 4].n : j == 3 ? heads * head_dim : h.size(1), fp32);
     }
-    if (h.scalar_type() == at::kFloat)
-      layer<float>(h, t, lin, k, v, cos, sin, keep, col, length, eps, heads, kv_heads, head_dim, scale);
+  const int threads = at::get_num_threads();
+  if (ours && threads > 1 && !omp_in_parallel()) {
+    if (fp32)
+      team_layers<float>(h, tensors, lins, keys, values, cos, sin, keep, col, length, eps, heads, kv_heads, head_dim,
+                         scale, threads);
     else
-      layer<at::BFloat16>(h, t, lin, k, v, cos, sin, keep, col, length, eps, heads, kv_heads, head_dim, scale);
-    at::Tensor counter = counters[i];
-    TORCH_CHECK(counter.scalar_type() == at::kLong && counter.numel() == 1, "decode_layers: counters are int64 scalars");
-    *counter.data_ptr<int64_t>() += 1;
+      team_layers<at::BFloat16>(h, tensors, lins, keys, values, cos, sin, keep, col, length, eps, heads, kv_heads,
+                                head_dim, scale, threads);
+  } else {
+    for (int64_t i = 0; i < layers; ++i) {
+      at::Tensor k = keys[i], v = values[i];
+      const at::Tensor* t = &tensors[i * kTensorsPerLayer];
+      if (fp32)
+        layer<float>(h, t, &lins[i * kLinears], k, v, cos, sin, keep, col, length, eps, heads, kv_heads, head_dim, scale);
+      else
+        layer<at::BFloat16>(h, t, &lins[i * kLinears], k, v, cos, sin, keep, col, length, eps, heads, kv_heads, head_dim,
+                            scale);
+    }
   }
+  for (int64_t i = 0; i < layers; ++i) *counters[i].data_ptr<int64_t>() += 1;
   return h;
 }
 

@@ -19,7 +19,9 @@
 //              token; _mm512_dpbusd_epi32 with the nibbles as u8 and xq as s8, per group
 //              Σ w·xq = s·Σ q·xq + (z − 8·s)·Σ xq.
 //
-// Rows are split between threads with at::parallel_for (torch's OpenMP pool, torch.set_num_threads).
+// Rows are split between threads with at::parallel_for (torch's OpenMP pool, torch.set_num_threads), or,
+// inside the decode step's persistent team (decode_step.cpp: one OpenMP region for every layer of a token,
+// barriers between dependent steps), each thread runs its own static share and writes only its own outputs.
 // At M = 1 the row-major kernels (fp32, bf16, int8, w8a8) read one row at a time, front to back, so that
 // each thread's share of W is one sequential stream: reading 4 rows at once (4 streams of one short row
 // each, 768-3072 bytes at these widths) kept the hardware prefetcher from ramping up, and read at 14-27
@@ -31,6 +33,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -41,6 +44,28 @@
 namespace {
 
 constexpr int64_t kMaxM = 8;
+
+// Inside a team (vk::set_team), this thread's share of [0, n): OpenMP's static split; outside, all of it.
+thread_local bool t_team = false;
+
+inline std::pair<int64_t, int64_t> share(int64_t n) {
+  if (!t_team) return {0, n};
+  const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+  return {n * t / nt, n * (t + 1) / nt};
+}
+
+// at::parallel_for, or in a team this thread's share alone (no barrier: the team's caller places them).
+template <typename F>
+void par_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  if (!t_team) return at::parallel_for(begin, end, grain, f);
+  const auto [b0, b1] = share(end - begin);
+  if (b0 < b1) f(begin + b0, begin + b1);
+}
+
+// y given (a team's shared output, [M, n] in x's dtype) or made here.
+inline at::Tensor out_or_empty(const at::Tensor* out, int64_t M, int64_t n, const at::Tensor& x) {
+  return out ? *out : at::empty({M, n}, x.options());
+}
 
 // Software prefetch distance (bytes ahead in each weight stream). At M = 1 the int8 and int4 loops
 // issue several instructions per byte of weight, so the out-of-order window alone keeps too few
@@ -164,7 +189,7 @@ template <typename D, int M, typename T>
 void dense_run(const typename D::E* x, const typename D::E* w, int64_t K, int64_t N, T* y) {
 #ifndef VK_NO_ROW1
   if (M == 1) {
-    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+    par_for(0, N, 1, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) dense_row1<D>(x, w, K, n, y);
     });
     return;
@@ -172,7 +197,7 @@ void dense_run(const typename D::E* x, const typename D::E* w, int64_t K, int64_
 #endif
   constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
   const int64_t blocks = (N + R - 1) / R;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  par_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * R;
       if (n + R <= N) dense_rows<D, M, R>(x, w, K, n, y, N);
@@ -247,7 +272,7 @@ template <int M, typename T, typename S>
 void int8_run(const float* x, const int8_t* q, const S* s, int64_t K, int64_t N, T* y) {
 #ifndef VK_NO_ROW1
   if (M == 1) {
-    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+    par_for(0, N, 1, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) int8_row1(x, q, s, K, n, y);
     });
     return;
@@ -259,7 +284,7 @@ void int8_run(const float* x, const int8_t* q, const S* s, int64_t K, int64_t N,
   constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
 #endif
   const int64_t blocks = (N + R - 1) / R;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  par_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * R;
       if (n + R <= N) int8_rows<M, R>(x, q, s, K, n, y, N);
@@ -392,7 +417,7 @@ void w8a8_run(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const 
               T* y, const int32_t* wsums) {
 #ifndef VK_NO_ROW1
   if (M == 1) {
-    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+    par_for(0, N, 1, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) w8a8_row1(xu, q, s, a[0], K, n, y, wsums);
     });
     return;
@@ -400,7 +425,7 @@ void w8a8_run(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const 
 #endif
   constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
   const int64_t blocks = (N + R - 1) / R;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  par_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * R;
       if (n + R <= N) w8a8_rows<M, R>(xu, Kp, q, s, a, K, n, y, N, wsums);
@@ -630,12 +655,12 @@ struct Dense {
 
 template <typename D, typename T>
 at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, at::ScalarType dtype, const char* name,
-                    const char* dtype_name) {
+                    const char* dtype_name, const at::Tensor* out = nullptr) {
   check_2d(x, "x");
   check_2d(w, "w");
   TORCH_CHECK(x.scalar_type() == dtype && w.scalar_type() == dtype, name, ": x and w must be ", dtype_name);
   TORCH_CHECK(x.size(1) == w.size(1), name, ": x is [M, K], w is [N, K]");
-  auto y = at::empty({x.size(0), w.size(0)}, x.options());
+  auto y = out_or_empty(out, x.size(0), w.size(0), x);
   for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM)
     dispatch_m<Dense<D, T>::template At>(std::min(kMaxM, x.size(0) - m0), x, w, y, m0);
   return y;
@@ -667,7 +692,7 @@ void check_float(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, name, " must be bf16 or fp32");
 }
 
-at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) {
+at::Tensor int8_mm_out(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor* out) {
   check_2d(x, "x");
   check_2d(q, "q");
   check_float(x, "x");
@@ -675,7 +700,7 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   TORCH_CHECK(q.scalar_type() == at::kChar && x.size(1) == q.size(1), "int8_mm: q must be int8 [N, K], x [M, K]");
   TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), "int8_mm: scales must be [N]");
   const auto xf = x.to(at::kFloat).contiguous();
-  auto y = at::empty({x.size(0), q.size(0)}, x.options());
+  auto y = out_or_empty(out, x.size(0), q.size(0), x);
   for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM)
     dispatch_m<Int8>(std::min(kMaxM, x.size(0) - m0), xf.data_ptr<float>(), q, s, y, m0);
   return y;
@@ -709,7 +734,7 @@ struct PackedInt4 {
                       int64_t G, int64_t gs, float* y, int64_t N16) {
       const uint8_t* p = packed.data_ptr<uint8_t>();
       const S* s = sz.data_ptr<S>();
-      at::parallel_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
+      par_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
         alignas(64) float out[M * 16];
         for (int64_t b = b0; b < b1; ++b) {
           B::template block<M, S, Z>(p + b * K * 8, s + b * G * (Z ? 32 : 16), x, xs, K, G, gs, out);
@@ -773,6 +798,8 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return yf.narrow(1, 0, n).to(x.scalar_type());
 }
 
+at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) { return int8_mm_out(x, q, s, nullptr); }
+
 // ---- activations quantized per token, as variants/quant_packing.quantize_int8_per_token:
 // a = max(amax|x| / 127, FLT_MIN), xq = clamp(round_half_even(x / a), −127, 127).
 
@@ -818,11 +845,13 @@ void quantize_rows(const at::Tensor& x_, int8_t* xq, int64_t ld, float* a) {
 }
 
 // y[m, j] = yf[m, j] · a[m] for j < n, in y's dtype: the per-token scale and the cast, in one pass.
+// In a team, only this thread's blocks of 16 columns (those it computed: PackedInt4's share).
 template <typename T>
 void scale_rows_into(const float* yf, int64_t ldf, const float* a, int64_t M, int64_t n, T* y) {
+  const auto [b0, b1] = share((n + 15) / 16);
   for (int64_t m = 0; m < M; ++m) {
     const __m512 am = _mm512_set1_ps(a[m]);
-    for (int64_t j = 0; j < n; j += 16)
+    for (int64_t j = 16 * b0; j < std::min(n, 16 * b1); j += 16)
       store16(y + m * n + j, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail16(n - j), yf + m * ldf + j), am), tail16(n - j));
   }
 }
@@ -842,13 +871,15 @@ struct W8A8 {
   }
 };
 
-at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums);
+at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
+                        const at::Tensor* out = nullptr);
 
 at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) {
   return w8a8_sums_mm(x, q, s, nullptr);
 }
 
-at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums) {
+at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
+                        const at::Tensor* out) {
   check_2d(x, "x");
   check_2d(q, "q");
   check_float(x, "x");
@@ -860,7 +891,7 @@ at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tens
   std::vector<float> a(M);
   quantize_rows(x, xq.data(), Kp, a.data());
   for (auto& v : xq) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);  // xq + 128 as u8 (pad: 128)
-  auto y = at::empty({M, q.size(0)}, x.options());
+  auto y = out_or_empty(out, M, q.size(0), x);
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
     dispatch_m<W8A8>(std::min(kMaxM, M - m0), (const uint8_t*)xq.data(), Kp, q, s, a.data(), y, m0, wsums);
   return y;
@@ -905,7 +936,7 @@ struct Digits {
     const int8_t* qp = q.data_ptr<int8_t>();
     const S* sp = s.data_ptr<S>();
     T* yp = y.data_ptr<T>() + m0 * N;
-    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+    par_for(0, N, 1, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) digits_row<2 * M>(xu + 2 * m0 * Kp, Kp, qp, sp, a + m0, K, n, yp, N, wsums);
     });
   }
@@ -935,7 +966,8 @@ void digits_rows(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, int64
   }
 }
 
-at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums) {
+at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
+                               const at::Tensor* out = nullptr) {
   check_2d(q, "q");
   check_float(x_, "x");
   check_float(s, "scales");
@@ -950,7 +982,7 @@ at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const 
   else digits_rows(x.data_ptr<float>(), M, K, x.stride(0), xq.data(), Kp, a.data());
   for (auto& v : xq) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);   // + 128: dpbusd's unsigned operand
   const auto* xu = reinterpret_cast<const uint8_t*>(xq.data());                  // (padding: digit 0 → 128)
-  auto y = at::empty({M, q.size(0)}, x.options());
+  auto y = out_or_empty(out, M, q.size(0), x);
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
     dispatch_m<Digits>(std::min(kMaxM, M - m0), xu, Kp, q, s, a.data(), y, m0, wsums);
   return y;
@@ -983,7 +1015,8 @@ std::vector<float> w4a8_rows_core(const std::vector<int8_t>& xq, int64_t R, cons
   return yf;
 }
 
-at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
+at::Tensor w4a8_mm_out(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n,
+                       const at::Tensor* out) {
   check_2d(x, "x");
   check_float(x, "x");
   const int64_t M = x.size(0), K = x.size(1);
@@ -993,7 +1026,7 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   std::vector<float> a(M);
   quantize_rows(x, xq.data(), K, a.data());
   const auto yf = w4a8_rows_core(xq, M, packed, sz, K, gs);
-  auto y = at::empty({M, n}, x.options());
+  auto y = out_or_empty(out, M, n, x);
   if (x.scalar_type() == at::kBFloat16)
     scale_rows_into(yf.data(), N16, a.data(), M, n, y.data_ptr<at::BFloat16>());
   else
@@ -1001,13 +1034,18 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return y;
 }
 
+at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
+  return w4a8_mm_out(x, packed, sz, gs, n, nullptr);
+}
+
 // int4 weight-only with the activations as two int8 digits a value (see int8_digits_mm, digits_rows): row 2m
 // of the digit rows is hi, 2m + 1 lo, and y[m] = a[m]·(yf[2m] + yf[2m + 1] / 256); the packed layout is w4a8_mm's.
 template <typename T>
 void combine_digits(const float* yf, int64_t N16, const float* a, int64_t M, int64_t n, T* y) {
+  const auto [b0, b1] = share((n + 15) / 16);   // in a team: this thread's blocks (scale_rows_into)
   for (int64_t m = 0; m < M; ++m) {
     const __m512 am = _mm512_set1_ps(a[m]), inv = _mm512_set1_ps(1.f / 256.f);
-    for (int64_t j = 0; j < n; j += 16) {
+    for (int64_t j = 16 * b0; j < std::min(n, 16 * b1); j += 16) {
       const __mmask16 t = tail16(n - j);
       const __m512 hi = _mm512_maskz_loadu_ps(t, yf + 2 * m * N16 + j), lo = _mm512_maskz_loadu_ps(t, yf + (2 * m + 1) * N16 + j);
       store16(y + m * n + j, _mm512_mul_ps(_mm512_add_ps(hi, _mm512_mul_ps(lo, inv)), am), t);
@@ -1015,7 +1053,8 @@ void combine_digits(const float* yf, int64_t N16, const float* a, int64_t M, int
   }
 }
 
-at::Tensor int4_digits_mm(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
+at::Tensor int4_digits_mm_out(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& sz, int64_t gs,
+                              int64_t n, const at::Tensor* out) {
   check_float(x_, "x");
   TORCH_CHECK(x_.dim() == 2, "int4_digits_mm: x must be [M, K]");
   const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();
@@ -1027,10 +1066,14 @@ at::Tensor int4_digits_mm(const at::Tensor& x_, const at::Tensor& packed, const 
   if (x.scalar_type() == at::kBFloat16) digits_rows(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq.data(), K, a.data());
   else digits_rows(x.data_ptr<float>(), M, K, x.stride(0), xq.data(), K, a.data());
   const auto yf = w4a8_rows_core(xq, 2 * M, packed, sz, K, gs);
-  auto y = at::empty({M, n}, x.options());
+  auto y = out_or_empty(out, M, n, x);
   if (x.scalar_type() == at::kBFloat16) combine_digits(yf.data(), N16, a.data(), M, n, y.data_ptr<at::BFloat16>());
   else combine_digits(yf.data(), N16, a.data(), M, n, y.data_ptr<float>());
   return y;
+}
+
+at::Tensor int4_digits_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
+  return int4_digits_mm_out(x, packed, sz, gs, n, nullptr);
 }
 
 // ---- decode_attention
@@ -1044,7 +1087,7 @@ void decode_attention_typed(const at::Tensor& q, const at::Tensor& k, const at::
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+  par_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(L);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / H, h = i % H, g = h / group;
@@ -1087,32 +1130,48 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 // The ops above as plain C++ functions, for the decode step (decode_step.cpp, in the same library).
 namespace vk {
-at::Tensor fp32(const at::Tensor& x, const at::Tensor& w) { return fp32_mm(x, w); }
-at::Tensor bf16(const at::Tensor& x, const at::Tensor& w) { return bf16_mm(x, w); }
-at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) { return int8_mm(x, q, s); }
-at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums) {
+// out: the team's shared output [M, N] (decode_step.cpp), or nullptr: made here.
+at::Tensor fp32(const at::Tensor& x, const at::Tensor& w, const at::Tensor* out) {
+  return dense_mm<Fp32Dense, float>(x, w, at::kFloat, "fp32_mm", "fp32", out);
+}
+at::Tensor bf16(const at::Tensor& x, const at::Tensor& w, const at::Tensor* out) {
+  return dense_mm<Bf16Dense, at::BFloat16>(x, w, at::kBFloat16, "bf16_mm", "bf16", out);
+}
+at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor* out) {
+  return int8_mm_out(x, q, s, out);
+}
+at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
+                const at::Tensor* out) {
   TORCH_CHECK(sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == q.size(0),
               "w8a8: sums must be int32 [N]");
-  return w8a8_sums_mm(x, q, s, sums.data_ptr<int32_t>());
+  return w8a8_sums_mm(x, q, s, sums.data_ptr<int32_t>(), out);
 }
-at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums) {
+at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
+                       const at::Tensor* out) {
   TORCH_CHECK(sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == q.size(0),
               "int8_digits: sums must be int32 [N]");
-  return int8_digits_sums_mm(x, q, s, sums.data_ptr<int32_t>());
+  return int8_digits_sums_mm(x, q, s, sums.data_ptr<int32_t>(), out);
 }
-at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n) {
-  return int4_digits_mm(x, p, sz, gs, n);
+at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
+                       const at::Tensor* out) {
+  return int4_digits_mm_out(x, p, sz, gs, n, out);
 }
-at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n) {
-  return w4a8_mm(x, p, sz, gs, n);
+at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
+                const at::Tensor* out) {
+  return w4a8_mm_out(x, p, sz, gs, n, out);
 }
+
+// This thread joins (or leaves) a persistent team: each kernel then runs its share only (par_for).
+void set_team(bool on) { t_team = on; }
+std::pair<int64_t, int64_t> team_share(int64_t n) { return share(n); }
+
 // q [B, H, 1, D] against the first `length` positions of a static cache k, v [≥ B, Hkv, ≥ length, D] (their
 // shapes and dtypes checked by the caller, decode_layers): no views made. keep: bool [B, length] or undefined.
 at::Tensor attention_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
-                           const c10::optional<at::Tensor>& keep, double scale) {
+                           const c10::optional<at::Tensor>& keep, double scale, const at::Tensor* into) {
   const bool* kp = keep.has_value() ? keep->data_ptr<bool>() : nullptr;
   const int64_t kb = keep.has_value() ? keep->stride(0) : 0, kl = keep.has_value() ? keep->stride(1) : 0;
-  auto out = at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());
+  auto out = into ? *into : at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());
   if (q.scalar_type() == at::kFloat) decode_attention_typed<float>(q, k, v, kp, kb, kl, scale, out, q.size(0), length);
   else decode_attention_typed<at::BFloat16>(q, k, v, kp, kb, kl, scale, out, q.size(0), length);
   return out;
@@ -1122,7 +1181,8 @@ at::Tensor attention_cache(const at::Tensor& q, const at::Tensor& k, const at::T
 template <typename T>
 void silu_mul_typed(T* g, const T* u, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.f);
-  for (int64_t i = 0; i < n; i += 16) {
+  const auto [b0, b1] = share((n + 15) / 16);   // in a team: this thread's blocks of 16
+  for (int64_t i = 16 * b0; i < std::min(n, 16 * b1); i += 16) {
     const __mmask16 m = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
     const __m512 x = load_row16(g + i, m);
     __m512 a = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
