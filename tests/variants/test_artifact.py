@@ -343,6 +343,18 @@ def test_artifact_problem_says_why_an_artifact_does_not_fit(tiny_model_dir, tmp_
     assert "bytes" in art.artifact_problem(out, "int4", {"group_size": 32}, src)
 
 
+def test_options_recorded_before_an_option_existed_take_its_default():
+    """An int4 artifact recorded before `symmetric` existed holds asymmetric int4: it fits a variant that does
+    not ask for symmetric, and not one that does; options that no longer parse are compared as recorded."""
+    from variantlab.variants.registry import get_recipe
+    now = art.normalized_options(get_recipe("int4"), {"group_size": 32})
+    before = {k: v for k, v in now.items() if k != "symmetric"}
+    assert art._stored_options("int4", before) == now
+    assert art._stored_options("int4", before) != art.normalized_options(get_recipe("int4"), {"group_size": 32,
+                                                                                            "symmetric": True})
+    assert art._stored_options("int4", {"group_size": 48}) == {"group_size": 48}
+
+
 def test_load_refuses_another_device_type_and_a_folder_that_is_not_an_artifact(tiny_model_dir, tiny_model,
                                                                                   tmp_path):
     model, tok, facts = tiny_model

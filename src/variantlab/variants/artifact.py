@@ -71,6 +71,16 @@ def normalized_options(recipe, options) -> dict:
     return parse_options(recipe, dict(options or {})).model_dump(mode="json")
 
 
+def _stored_options(recipe_name: str, stored) -> dict | None:
+    """An artifact's recorded options with today's defaults filled in: an option added since it was built (int4's
+    `symmetric`) takes its default, which is what the artifact holds. As recorded when they no longer parse."""
+    from .registry import get_recipe
+    try:
+        return normalized_options(get_recipe(recipe_name), stored)
+    except (RecipeError, ValueError, TypeError):
+        return stored
+
+
 def source_fingerprint(model_dir: str | Path) -> dict:
     """What identifies a checkpoint's weights without reading them: per weight file its size,
     mtime and the sha256 of its safetensors header; and the sha256 of config.json."""
@@ -354,7 +364,7 @@ def artifact_problem(path: str | Path, recipe_name: str, options, source_model_p
     if meta.get("recipe") != recipe_name:
         return f"recipe {meta.get('recipe')}, the variant's is {recipe_name}"
     want = normalized_options(get_recipe(recipe_name), options)
-    if meta.get("options") != want:
+    if _stored_options(recipe_name, meta.get("options")) != want:
         return f"options {meta.get('options')}, the variant's are {want}"
     have = meta.get("attention") or None
     want_attn = {"spec": attention, "options": attention_options or {}} if attention else None
