@@ -478,6 +478,9 @@ void w4a8_block(const uint8_t* p, const S* sz, const int32_t* xq4, const float* 
 // contiguous), keep: which of the L positions each row attends to (nullptr: all). fp32 sums; the
 // softmax is taken over kept positions only, so the unused tail of a static cache is never read.
 
+// The first `left` of 16 lanes (all 16 from 16 on): the mask of a row's tail.
+inline __mmask16 tail16(int64_t left) { return (__mmask16)(left >= 16 ? 0xFFFF : (1u << left) - 1); }
+
 template <typename T>
 inline __m512 load_row16(const T* p, __mmask16 m);
 template <>
@@ -532,7 +535,7 @@ template <typename T>
 inline __m512 dot_row(const __m512* qv, const T* kr, int64_t D, int64_t chunks) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
+    const __mmask16 m = tail16(D - c * 16);
     acc = _mm512_fmadd_ps(qv[c], load_row16(kr + c * 16, m), acc);
   }
   return acc;
@@ -545,7 +548,7 @@ void attend_one(const T* q, const T* k, const T* v, int64_t L, int64_t D, int64_
   const int64_t chunks = (D + 15) / 16;
   __m512 qv[16];  // D ≤ 256
   for (int64_t c = 0; c < chunks; ++c) {
-    const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
+    const __mmask16 m = tail16(D - c * 16);
     qv[c] = _mm512_mul_ps(load_row16(q + c * 16, m), _mm512_set1_ps(scale));
   }
   // scores, 16 positions at a time where all 16 are kept (one transposing reduction), else one at a time
@@ -582,7 +585,7 @@ void attend_one(const T* q, const T* k, const T* v, int64_t L, int64_t D, int64_
     const __m512 mv = _mm512_set1_ps(mx);
     __m512 sv = _mm512_setzero_ps();
     for (int64_t i = 0; i < L; i += 16) {
-      const __mmask16 m = (__mmask16)(L - i >= 16 ? 0xFFFF : (1u << (L - i)) - 1);
+      const __mmask16 m = tail16(L - i);
       const __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), mv));
       _mm512_mask_storeu_ps(scores + i, m, p);
       sv = _mm512_add_ps(sv, _mm512_maskz_mov_ps(m, p));
@@ -594,15 +597,14 @@ void attend_one(const T* q, const T* k, const T* v, int64_t L, int64_t D, int64_
       const __m512 pv = _mm512_set1_ps(p);
       const T* vr = v + i * ks;
       for (int64_t c = 0; c < chunks; ++c) {
-        const __mmask16 m = (__mmask16)(D - c * 16 >= 16 ? 0xFFFF : (1u << (D - c * 16)) - 1);
+        const __mmask16 m = tail16(D - c * 16);
         o[c] = _mm512_fmadd_ps(pv, load_row16(vr + c * 16, m), o[c]);
       }
     }
   }
   const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);  // a row that keeps nothing gives zeros
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t n = std::min<int64_t>(16, D - c * 16);
-    store16(out + c * 16, _mm512_mul_ps(o[c], inv), (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1));
+    store16(out + c * 16, _mm512_mul_ps(o[c], inv), tail16(D - c * 16));
   }
 }
 
@@ -805,8 +807,6 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
 
 // Read in place (fp32 or bf16, converted per element): no fp32 copy of x is made, and no aten op runs
 // around the kernel (each would cost a dispatch, ~1 µs, per linear per token: issue 10's explain).
-inline __mmask16 tail16(int64_t left) { return (__mmask16)(left >= 16 ? 0xFFFF : (1u << left) - 1); }
-
 template <typename T>
 float row_scale(const T* row, int64_t K) {   // max|x| / 127, at least FLT_MIN
   __m512 amax = _mm512_setzero_ps();
@@ -1183,7 +1183,7 @@ void silu_mul_typed(T* g, const T* u, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.f);
   const auto [b0, b1] = share((n + 15) / 16);   // in a team: this thread's blocks of 16
   for (int64_t i = 16 * b0; i < std::min(n, 16 * b1); i += 16) {
-    const __mmask16 m = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    const __mmask16 m = tail16(n - i);
     const __m512 x = load_row16(g + i, m);
     __m512 a = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
     if constexpr (std::is_same_v<T, at::BFloat16>) a = round_bf16(a);
@@ -1198,12 +1198,12 @@ void rms_norm(const T* h, const T* w, int64_t M, int64_t D, float eps, T* out) {
     const T* row = h + m * D;
     __m512 ss = _mm512_setzero_ps();
     for (int64_t i = 0; i < D; i += 16) {
-      const __m512 v = load_row16(row + i, (__mmask16)(D - i >= 16 ? 0xFFFF : (1u << (D - i)) - 1));
+      const __m512 v = load_row16(row + i, tail16(D - i));
       ss = _mm512_fmadd_ps(v, v, ss);
     }
     const __m512 r = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(D) + eps));
     for (int64_t i = 0; i < D; i += 16) {
-      const __mmask16 k = (__mmask16)(D - i >= 16 ? 0xFFFF : (1u << (D - i)) - 1);
+      const __mmask16 k = tail16(D - i);
       __m512 x = _mm512_mul_ps(load_row16(row + i, k), r);
       if constexpr (std::is_same_v<T, at::BFloat16>) x = round_bf16(x);
       store16(out + m * D + i, _mm512_mul_ps(load_row16(w + i, k), x), k);
