@@ -34,6 +34,7 @@ from .base import Capabilities, Clock, GenerationRequest, NonFiniteLogits, Score
 from .kv_cache import KVCaches
 from .stopping import RequestStop, Vocabulary
 from .tokenized import TokenizerText, eos_ids
+from ..variants.weight_arena import settle
 
 
 class TorchEngine:
@@ -44,6 +45,8 @@ class TorchEngine:
     def __init__(self, model, tokenizer, device: str, tokenizer_id: str = "", clock: Clock = time.perf_counter,
                  static_cache: bool = True, compile_step: bool = False, decode_step: bool = True):
         self.model = model
+        # decode streams every weight a token: on the CPU they move into one huge-page mapping first
+        self.settled = settle(model) if torch.device(device).type == "cpu" else None
         self.tokenizer = tokenizer
         self.tokenizer_class = type(tokenizer).__name__
         self.device = torch.device(device)

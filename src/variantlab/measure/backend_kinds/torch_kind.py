@@ -59,8 +59,11 @@ def open_torch(job, t_start: float) -> Opened:
 
 def engine_facts(engine, facts):
     """The facts with which engine runs each decode step: variantlab's decode step (its label), or transformers'
-    forward and, where our step was wanted, why it does not run this model (a note)."""
+    forward and, where our step was wanted, why it does not run this model (a note); and where its weights lie
+    (extra["weight_memory"]: how much of them the kernel holds in 2 MiB pages)."""
     from ...variants.decode_step import LABEL
+    if engine.settled is not None:
+        facts = facts.replace(extra=facts.extra | {"weight_memory": engine.settled.summary})
     if engine.step is not None:
         return facts.replace(kernels=facts.kernels + (LABEL,))
     if engine.step_note:
