@@ -1,13 +1,17 @@
 """Do the two instruments agree? `variantlab bench` and benchmarks/decode_vs_llamacpp.py on the same variants,
-alternated A B A B in one run, their decode TPOT compared per variant (issue 25: within 5%).
+in adjacent runs, their decode TPOT compared per variant (issue 25: within 5%).
 
-Each repetition runs `variantlab bench` (one round of a suite of the chosen torch recipes and GGUF types,
-single-stream, 64 new tokens, no stop string that can occur) and then decode_vs_llamacpp.py (one pair per
-recipe), on the same checkpoint and the same GGUF files; the machine's drift (its memory bandwidth moves by
-±20% over minutes here) lands on both alike. Printed per variant: the bench's TPOT p50 (median over the
-repetitions), the script's (1 / its tok/s, median), their ratio, and whether it is within 5%.
+The variants go in groups, one per GGUF type with the torch recipes it pairs with (F32: fp32; Q4_0: int4 and
+w4a8 g32 symmetric). Each repetition, for each group, runs `variantlab bench` (one round of a suite of the
+group: single-stream, 64 new tokens, no stop string that can occur) and decode_vs_llamacpp.py (one pair per
+recipe of the group) back to back, on the same checkpoint and GGUF files, alternating which goes first. The
+machine's memory bandwidth here moves between two levels (about 10.5 and 14 ms a token on the 115M fp32
+model, for both runtimes alike) over tens of seconds, so a figure from one instrument is compared with the
+other's from the adjacent minute, never with a median taken minutes away: per variant and repetition
+the ratio bench TPOT p50 / script TPOT (1 / its tok/s), then the median of those ratios with their min and
+max, and whether the median is within 5%.
 
-    python benchmarks/instruments_agree.py --workdir DIR [--shape 115m] [--reps 3]
+    python benchmarks/instruments_agree.py --workdir DIR [--shape 115m] [--reps 5]
         [--recipes fp32,int4,w4a8] [--precisions F32,Q4_0]
 
 --workdir: where decode_vs_llamacpp.py --workdir keeps the checkpoint and GGUFs (made here when missing).
@@ -39,7 +43,7 @@ def options_of(recipe: str, ggufs: list[str]) -> dict:
 def suite(model: Path, recipes: list[str], ggufs: list[str]) -> dict:
     variants = [{"name": r, "recipe": r, **({"options": o} if (o := options_of(r, ggufs)) else {})} for r in recipes]
     variants += [{"name": f"gguf-{g.lower()}", "backend": "llamacpp", "gguf_type": g} for g in ggufs]
-    return {"name": "instruments", "model": str(model), "baseline": recipes[0], "rounds": 1, "variants": variants,
+    return {"name": f"instruments-{'-'.join(g.lower() for g in ggufs)}", "model": str(model), "baseline": recipes[0], "rounds": 1, "variants": variants,
             "workload": {"dataset": {"generator": "structured", "n": 8, "seed": 0}, "max_new_tokens": 64,
                          "stop": ["@@@@"], "scenarios": [{"type": "single-stream", "requests": 6, "warmup": 2}],
                          "accuracy": {"samples": 0, "graded": 0}}}
@@ -75,7 +79,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--shape", default="115m")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--recipes", default="fp32,int4,w4a8")
     ap.add_argument("--precisions", default="F32,Q4_0")
     args = ap.parse_args()
@@ -83,22 +87,34 @@ def main() -> None:
     model = args.workdir / f"checkpoint-{args.shape}-seed0"
     if not (model / "config.json").is_file():
         make_checkpoint(model, 0, args.shape)
-    path = args.workdir / "instruments.yaml"
-    path.write_text(yaml.safe_dump(suite(model, args.recipes.split(","), args.precisions.split(","))))
-    bench: dict[str, list[float]] = {}
-    script: dict[str, list[float]] = {}
+    recipes = args.recipes.split(",")
+    groups = [(g, [r for r in recipes if any(p.recipe == r and p.gguf == g for p in PAIRS)])
+              for g in args.precisions.split(",")]
+    ratios: dict[str, list[float]] = {}
+    tpots: dict[str, tuple[list[float], list[float]]] = {}
     for rep in range(args.reps):
-        for name, tpot in bench_tpot(path, args.workdir / "instruments.sqlite").items():
-            bench.setdefault(name, []).append(tpot)
-        for name, tpot in script_tpot(args, model).items():
-            script.setdefault(name, []).append(tpot)
+        for i, (gguf, group) in enumerate(groups):
+            path = args.workdir / f"instruments-{gguf.lower()}.yaml"
+            path.write_text(yaml.safe_dump(suite(model, group, [gguf])))
+            one = argparse.Namespace(**{**vars(args), "recipes": ",".join(group), "precisions": gguf})
+            runs = {"bench": lambda: bench_tpot(path, args.workdir / "instruments.sqlite"),
+                    "script": lambda: script_tpot(one, model)}
+            got = {k: runs[k]() for k in (("bench", "script") if (rep + i) % 2 == 0 else ("script", "bench"))}
+            for name, b in got["bench"].items():
+                if name in got["script"]:
+                    ratios.setdefault(name, []).append(b / got["script"][name])
+                    bs, ss = tpots.setdefault(name, ([], []))
+                    bs.append(b)
+                    ss.append(got["script"][name])
         print(f"  repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
-    print(f"{args.shape}, {args.reps} repetitions of (bench, script); TPOT medians, ms")
-    print(f"{'variant':12} {'bench':>8} {'script':>8} {'bench/script':>13}  within 5%")
-    for name in bench:
-        if name in script:
-            b, s = statistics.median(bench[name]), statistics.median(script[name])
-            print(f"{name:12} {1e3 * b:8.2f} {1e3 * s:8.2f} {b / s:13.3f}  {'yes' if abs(b / s - 1) <= 0.05 else 'NO'}")
+    print(f"{args.shape}, {args.reps} repetitions of (bench, script) back to back per group; TPOT medians, ms; "
+          f"ratio = median over repetitions of bench / script [min, max]")
+    print(f"{'variant':12} {'bench':>8} {'script':>8} {'bench/script [min, max]':>24}  within 5%")
+    for name, rs in ratios.items():
+        b, s = (statistics.median(x) for x in tpots[name])
+        r = statistics.median(rs)
+        print(f"{name:12} {1e3 * b:8.2f} {1e3 * s:8.2f} {r:>8.3f} [{min(rs):.3f}, {max(rs):.3f}]  "
+              f"{'yes' if abs(r - 1) <= 0.05 else 'NO'}")
 
 
 if __name__ == "__main__":

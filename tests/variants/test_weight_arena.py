@@ -93,8 +93,12 @@ def test_the_thp_setting_is_the_bracketed_word(tmp_path, monkeypatch):
 def test_the_engine_settles_a_cpu_model(tiny_lm):
     from variantlab.backends.torch_engine import TorchEngine
     model = copy.deepcopy(tiny_lm[0])
+    from variantlab.measure.backend_kinds.torch_kind import engine_facts
+    from variantlab.variants.facts import VariantFacts
     engine = TorchEngine(model, tiny_lm[1], "cpu")
     assert engine.settled is not None and engine.settled.moved_bytes > 0
+    facts = engine_facts(engine, VariantFacts(recipe="fp32"))
+    assert facts.extra["weight_memory"] == engine.settled.summary
 
 
 def test_read_safetensors_reads_what_write_safetensors_wrote(tmp_path):
