@@ -26,10 +26,6 @@ class _Shared(nn.Module):
         self.register_buffer("flags", torch.arange(7, dtype=torch.int8))
 
 
-def _inside(t, lo: int, hi: int) -> bool:
-    return lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
-
-
 def test_settle_moves_every_weight_into_one_mapping_and_changes_no_output(tiny_lm):
     model = copy.deepcopy(tiny_lm[0])
     ids = torch.tensor([[1, 5, 9, 2, 7]])
@@ -37,9 +33,8 @@ def test_settle_moves_every_weight_into_one_mapping_and_changes_no_output(tiny_l
         before = model(ids).logits
     tensors = [*model.parameters(), *model.buffers()]
     got = wa.settle(model)
-    assert got.moved_bytes >= sum(t.numel() * t.element_size() for t in tensors)
-    lo = min(t.data_ptr() for t in tensors)
-    assert lo % wa.SLOT == 0 and all(_inside(t, lo, lo + got.moved_bytes) for t in tensors)
+    assert got.weight_bytes >= sum(t.numel() * t.element_size() for t in tensors)
+    assert len({wa._arena_at(t.data_ptr()) for t in tensors}) == 1          # one mapping holds them all
     assert all(t.data_ptr() % wa.SLOT == 0 for t in tensors)
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, before)
@@ -76,7 +71,7 @@ def test_settling_frees_the_old_copies():
 def test_huge_bytes_reads_this_process_mappings():
     m = nn.Linear(1024, 1024, bias=False)
     got = wa.settle(m)
-    assert got.huge_bytes is not None and 0 <= got.huge_bytes <= got.moved_bytes
+    assert got.huge_bytes is not None and 0 <= got.huge_bytes <= got.weight_bytes
     assert wa.huge_bytes(8 << 20, 4096) == 0         # nothing is mapped at 8 MiB
     assert "MiB" in got.summary
 
@@ -96,7 +91,7 @@ def test_the_engine_settles_a_cpu_model(tiny_lm):
     from variantlab.measure.backend_kinds.torch_kind import engine_facts
     from variantlab.variants.facts import VariantFacts
     engine = TorchEngine(model, tiny_lm[1], "cpu")
-    assert engine.settled is not None and engine.settled.moved_bytes > 0
+    assert engine.settled is not None and engine.settled.weight_bytes > 0
     facts = engine_facts(engine, VariantFacts(recipe="fp32"))
     assert facts.extra["weight_memory"] == engine.settled.summary
 
@@ -119,3 +114,51 @@ def test_a_truncated_weights_file_names_the_tensor(tmp_path):
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(ModelLoadError, match="ends inside tensor 'w'"):
         art.read_safetensors(path)
+
+
+def test_weights_read_from_a_file_are_in_an_arena_and_stay_where_they_are(tmp_path):
+    path = tmp_path / "t.safetensors"
+    art.write_safetensors({"a.weight": torch.randn(16, 8), "b.weight": torch.randn(16, 8)}, path)
+    state = art.read_safetensors(path)
+    assert all(wa._arena_at(t.data_ptr()) is not None for t in state.values())
+    m = nn.Module()
+    m.a, m.b = nn.Linear(8, 16, bias=False), nn.Linear(8, 16, bias=False)
+    m.load_state_dict(state, assign=True)
+    where = {k: t.data_ptr() for k, t in m.state_dict().items()}
+    wa.settle(m)
+    assert {k: t.data_ptr() for k, t in m.state_dict().items()} == where
+    assert all(torch.equal(m.state_dict()[k], state[k]) for k in state)
+
+
+def _resident(address: int) -> int:
+    """Rss of the mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps").read().splitlines():
+        head = line.split(maxsplit=1)[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "Rss:":
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no mapping holds that address")
+
+
+def test_what_a_module_replaced_goes_back_and_what_is_still_used_stays(tmp_path):
+    """A tensor read from the file and then replaced (as a module repacks its weights at load) is handed back
+    to the kernel; one the model dropped but something else still holds keeps its values."""
+    path = tmp_path / "t.safetensors"
+    big = torch.randn(8 << 20)                               # 32 MiB
+    art.write_safetensors({"kept": torch.randn(1024), "replaced": big, "held": torch.randn(4096)}, path)
+    state = art.read_safetensors(path)
+    m = nn.Module()
+    m.register_buffer("kept", state["kept"])
+    m.register_buffer("replaced", state["replaced"] * 2)     # a new tensor: the file's copy is unused
+    elsewhere = state["held"][10:20]                          # not the model's, but still alive
+    values = elsewhere.clone()
+    address = state["replaced"].data_ptr()
+    del state
+    before = _resident(address)
+    wa.settle(m)
+    assert before - _resident(address) >= 30 << 20
+    assert torch.equal(elsewhere, values)
+    assert torch.equal(m.replaced, big * 2)

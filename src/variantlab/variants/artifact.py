@@ -421,7 +421,7 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None, trus
     m = meta["model"]
     model = _skeleton(config, m["load_dtype"], m.get("attn_implementation"), meta.get("attention"),
                       trust_remote_code)
-    if dev.type == "cpu":     # read, not memory-mapped: the engine settles weights into huge pages (weight_arena)
+    if dev.type == "cpu":     # read, not memory-mapped, into 2 MiB pages (weight_arena)
         state = read_safetensors(path / WEIGHTS_FILE)
     else:
         with safe_open(str(path / WEIGHTS_FILE), framework="pt", device=str(dev)) as f:
@@ -455,31 +455,38 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None, trus
 
 
 def read_safetensors(path: Path) -> dict:
-    """The tensors of a safetensors file, each read into memory of its own (torch's allocator: 64-byte aligned,
-    anonymous), not memory-mapped: a mapped file's pages are 4 KiB page-cache pages, which decode reads 10%
-    slower than anonymous memory (weight_arena's figures), and which the resident set counts beside any copy."""
+    """The tensors of a safetensors file, read (not memory-mapped) into one arena of 2 MiB pages
+    (weight_arena: where the engine keeps a CPU model's weights), each on a 64-byte boundary. A mapped file's
+    pages are 4 KiB page-cache pages, which decode reads 10% slower than anonymous memory and 20% slower than
+    the arena; reading straight into the arena spares the engine a copy, and the resident set two."""
     import torch
+
+    from .weight_arena import SLOT, arena
 
     dtypes = {st: getattr(torch, name) for name, st in _ST_DTYPES.items()}
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
         header.pop("__metadata__", None)
+        sizes = {k: spec["data_offsets"][1] - spec["data_offsets"][0] for k, spec in header.items()}
+        whole, at = arena(sum(-(-b // SLOT) * SLOT for b in sizes.values()))
+        buffer = memoryview(whole.numpy())
         state = {}
         for name, spec in header.items():
-            t = torch.empty(spec["shape"], dtype=dtypes[spec["dtype"]])
-            lo, hi = spec["data_offsets"]
-            if hi > lo:
-                f.seek(8 + n + lo)
-                view = memoryview(t.view(-1).view(torch.uint8).numpy())
-                got = 0
-                while got < hi - lo:
-                    step = f.readinto(view[got:])
-                    if not step:
-                        raise ModelLoadError(f"{path} ends inside tensor '{name}'", accepted="an intact artifact "
-                                                                                           "(rebuild it)")
-                    got += step
-            state[name] = t
+            dtype, size = dtypes[spec["dtype"]], sizes[name]
+            if not size:
+                state[name] = torch.empty(spec["shape"], dtype=dtype)
+                continue
+            f.seek(8 + n + spec["data_offsets"][0])
+            got = 0
+            while got < size:
+                step = f.readinto(buffer[at + got:at + size])
+                if not step:
+                    raise ModelLoadError(f"{path} ends inside tensor '{name}'", accepted="an intact artifact "
+                                                                                       "(rebuild it)")
+                got += step
+            state[name] = whole[at:at + size].view(dtype).reshape(spec["shape"])
+            at += -(-size // SLOT) * SLOT
     return state
 
 

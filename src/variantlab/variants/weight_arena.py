@@ -22,26 +22,29 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 HUGE_PAGE = 2 << 20     # bytes: x86-64's transparent huge page
 SLOT = 64               # bytes: each storage starts on a cache line (AVX-512's widest aligned load)
 TRIM_EVERY = 32 << 20   # bytes freed between two returns of the C heap's free memory to the kernel
+PAGE = 4096
+_LIVE: list[tuple] = []  # (mapping's address, first usable byte, end, weakref to the mmap) of each arena made here
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @dataclass(frozen=True)
 class Settled:
-    """What `settle` did: bytes moved into the arena, how many of them the kernel holds in 2 MiB pages
-    (None where it cannot be read), and the machine's THP setting."""
-    moved_bytes: int
+    """Where `settle` left the weights: their bytes, all in arenas, how many of them the kernel holds in 2 MiB
+    pages (None where it cannot be read), and the machine's THP setting."""
+    weight_bytes: int
     huge_bytes: int | None
     thp: str
 
     @property
     def summary(self) -> str:
-        mib = self.moved_bytes / 2**20
+        mib = self.weight_bytes / 2**20
         if self.huge_bytes is None:
             return f"weights in one anonymous mapping ({mib:.0f} MiB; its huge pages unreadable here)"
         return (f"weights in one anonymous mapping: {self.huge_bytes / 2**20:.0f} of {mib:.0f} MiB in 2 MiB "
@@ -49,8 +52,10 @@ class Settled:
 
 
 def settle(model) -> Settled | None:
-    """Move every CPU parameter and buffer of `model` into one new arena; None when there is nothing on the
-    CPU to move."""
+    """Every CPU parameter and buffer of `model` in an arena: those already in one (an artifact read by
+    `read_safetensors`) stay, the rest move into one new arena; None when nothing of it is on the CPU. The
+    parts of the arenas it was in that no live tensor uses any more (weights a module repacked at load) go
+    back to the kernel."""
     import torch
 
     storages: dict[int, list] = {}
@@ -59,15 +64,44 @@ def settle(model) -> Settled | None:
             storages.setdefault(t.untyped_storage().data_ptr(), []).append(t)
     if not storages:
         return None
-    sizes = {ptr: _rounded(ts[0].untyped_storage().nbytes()) for ptr, ts in storages.items()}
-    total = _rounded(sum(sizes.values()), HUGE_PAGE)
-    arena = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    start = (-_address(arena)) % HUGE_PAGE         # the first 2 MiB boundary inside the mapping
+    held = {ptr for ptr in storages if _arena_at(ptr) is not None}
+    moving = {ptr: ts for ptr, ts in storages.items() if ptr not in held}
+    if moving:
+        _move(moving)
+    for ptr in held:
+        _release_unused(_arena_at(ptr))
+    tensors = [t for ts in storages.values() for t in ts]
+    size = sum(hi - lo for lo, hi in _union(map(_span, tensors)))
+    arenas = {_arena_at(t.data_ptr())[1:3] for t in tensors}
+    huge = [huge_bytes(lo, hi - lo) for lo, hi in arenas]
+    return Settled(size, None if None in huge else min(size, sum(huge)), thp_setting())
+
+
+def arena(nbytes: int):
+    """(a uint8 tensor over a new arena, the offset of its first 2 MiB boundary): nbytes usable from there. The
+    mapping lives as long as any tensor made from that one does."""
+    import torch
+
+    total = _rounded(nbytes, HUGE_PAGE)
+    mapping = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = _address(mapping)
+    start = (-base) % HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
-        arena.madvise(mmap.MADV_HUGEPAGE, start, total)
-    whole = torch.frombuffer(arena, dtype=torch.uint8)   # its storage keeps the mapping alive
+        mapping.madvise(mmap.MADV_HUGEPAGE, start, total)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)   # its storage keeps the mapping alive
+    _LIVE[:] = [a for a in _LIVE if a[3]() is not None] + [(base, base + start, base + start + total,
+                                                            weakref.ref(mapping))]
+    return whole, start
+
+
+def _move(storages: dict[int, list]) -> None:
+    """Copy each storage into one new arena and point its tensors there, one at a time (see the module)."""
+    import torch
+
+    sizes = {ptr: _rounded(ts[0].untyped_storage().nbytes()) for ptr, ts in storages.items()}
+    whole, at = arena(sum(sizes.values()))
     storage = whole.untyped_storage()
-    at, freed = start, 0
+    freed = 0
     for ptr, ts in storages.items():
         old = ts[0].untyped_storage()
         whole[at:at + old.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(old))
@@ -80,7 +114,55 @@ def settle(model) -> Settled | None:
         if freed >= TRIM_EVERY:
             freed = _trim()
     _trim()
-    return Settled(at - start, huge_bytes(_address(arena) + start, at - start), thp_setting())
+
+
+def _release_unused(found) -> None:
+    """Hand back the whole pages of an arena that no live tensor reads (found by the garbage collector's list
+    of objects: every tensor, not just the model's, so nothing still used is ever dropped)."""
+    import gc
+
+    import torch
+
+    base, lo, hi, ref = found
+    mapping = ref()
+    if mapping is None:
+        return
+    used = _union(_span(o) for o in gc.get_objects()
+                  if issubclass(type(o), torch.Tensor) and lo <= _data_ptr(o) < hi)
+    edge = lo
+    for a, b in [*used, (hi, hi)]:
+        first, last = _rounded(edge, PAGE), (a // PAGE) * PAGE
+        if last > first:
+            mapping.madvise(mmap.MADV_DONTNEED, first - base, last - first)
+        edge = max(edge, b)
+
+
+def _data_ptr(t) -> int:
+    """A CPU tensor's address; -1 for any other (a compile's fake tensors have none)."""
+    try:
+        return t.data_ptr() if t.device.type == "cpu" else -1
+    except RuntimeError:
+        return -1
+
+
+def _arena_at(address: int):
+    return next((a for a in _LIVE if a[1] <= address < a[2] and a[3]() is not None), None)
+
+
+def _span(t) -> tuple[int, int]:
+    """The bytes a tensor can read: from its first element to its last."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def _union(spans) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def huge_bytes(address: int, length: int) -> int | None:
