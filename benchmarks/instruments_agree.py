@@ -3,16 +3,16 @@ in adjacent runs, their decode TPOT compared per variant (issue 25: within 5%).
 
 The variants go in groups, one per GGUF type with the torch recipes it pairs with (F32: fp32; Q4_0: int4 and
 w4a8 g32 symmetric). Each repetition, for each group, runs `variantlab bench` (one round of a suite of the
-group: single-stream, 64 new tokens, no stop string that can occur) and decode_vs_llamacpp.py (one pair per
-recipe of the group) back to back, on the same checkpoint and GGUF files, alternating which goes first. The
-machine's memory bandwidth here moves between two levels (about 10.5 and 14 ms a token on the 115M fp32
-model, for both runtimes alike) over tens of seconds, so a figure from one instrument is compared with the
-other's from the adjacent minute, never with a median taken minutes away: per variant and repetition
-the ratio bench TPOT p50 / script TPOT (1 / its tok/s), then the median of those ratios with their min and
-max, and whether the median is within 5%.
+group: single-stream, 6 requests of 64 new tokens, no stop string that can occur) and decode_vs_llamacpp.py
+(--script-pairs pairs per recipe of the group) back to back, on the same checkpoint and GGUF files,
+alternating which goes first. The machine's memory bandwidth here moves between two levels (about 10.5 and
+14 ms a token on the 115M fp32 model, for both runtimes alike) over tens of seconds, so a figure from one
+instrument is compared with the other's from the adjacent minute, never with a median taken minutes away:
+per variant and repetition the ratio bench TPOT p50 / script TPOT (1 / its tok/s), then the median of those
+ratios with their min and max, and whether the median is within 5%.
 
     python benchmarks/instruments_agree.py --workdir DIR [--shape 115m] [--reps 5]
-        [--recipes fp32,int4,w4a8] [--precisions F32,Q4_0]
+        [--recipes fp32,int4,w4a8] [--precisions F32,Q4_0] [--script-pairs 3]
 
 --workdir: where decode_vs_llamacpp.py --workdir keeps the checkpoint and GGUFs (made here when missing).
 Never part of the test suite.
@@ -43,7 +43,8 @@ def options_of(recipe: str, ggufs: list[str]) -> dict:
 def suite(model: Path, recipes: list[str], ggufs: list[str]) -> dict:
     variants = [{"name": r, "recipe": r, **({"options": o} if (o := options_of(r, ggufs)) else {})} for r in recipes]
     variants += [{"name": f"gguf-{g.lower()}", "backend": "llamacpp", "gguf_type": g} for g in ggufs]
-    return {"name": f"instruments-{'-'.join(g.lower() for g in ggufs)}", "model": str(model), "baseline": recipes[0], "rounds": 1, "variants": variants,
+    return {"name": f"instruments-{'-'.join(g.lower() for g in ggufs)}", "model": str(model),
+            "baseline": recipes[0], "rounds": 1, "variants": variants,
             "workload": {"dataset": {"generator": "structured", "n": 8, "seed": 0}, "max_new_tokens": 64,
                          "stop": ["@@@@"], "scenarios": [{"type": "single-stream", "requests": 6, "warmup": 2}],
                          "accuracy": {"samples": 0, "graded": 0}}}
@@ -62,7 +63,7 @@ def bench_tpot(suite_path: Path, store: Path) -> dict[str, float]:
 
 def script_tpot(args, model: Path) -> dict[str, float]:
     cmd = [sys.executable, str(HERE / "decode_vs_llamacpp.py"), "--model", str(model), "--workdir", str(args.workdir),
-           "--pairs", "1", "--recipes", args.recipes, "--precisions", args.precisions]
+           "--pairs", str(args.script_pairs), "--recipes", args.recipes, "--precisions", args.precisions]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if out.returncode:
         raise SystemExit(f"decode_vs_llamacpp.py failed: {out.stderr.strip().splitlines()[-1:]}")
@@ -82,6 +83,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--recipes", default="fp32,int4,w4a8")
     ap.add_argument("--precisions", default="F32,Q4_0")
+    ap.add_argument("--script-pairs", type=int, default=3,
+                    help="pairs the script runs per repetition (its TPOT: the median over them)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     model = args.workdir / f"checkpoint-{args.shape}-seed0"

@@ -122,6 +122,9 @@ class TorchEngine:
         if not finite:
             raise NonFiniteLogits(f"NaN or inf logits after the prompt of {len(prompts)} request(s) "
                                   f"({max(n_in)} tokens): the variant's answers would be argmax of garbage")
+        if mask is None:                                  # one request (a batch has a mask)
+            yield from self._one(rows[0].finish, host[0][0], n_in[0], nxt, cache)
+            return
         finish = [row.finish for row in rows]
         running = list(range(len(rows)))
         prompt_tokens: list[int] | None = n_in           # on each request's first event only
@@ -144,6 +147,26 @@ class TorchEngine:
             else:
                 with no_autograd:
                     nxt, host, mask, pos = step(nxt, cache, mask, pos)
+
+    def _one(self, finish, tok: int, n_in: int, nxt, cache) -> Iterator[TokenEvent]:
+        """The events of one request from its first token on: `stream`'s loop without the batch's bookkeeping
+        (a list of requests still running, masks, positions), since at one request a token costs the harness
+        its Python alone (benchmarks/harness_overhead.py)."""
+        clock, decode, inference = self.clock, self._decode, torch.inference_mode()
+        now = clock()
+        why = finish(tok)
+        yield TokenEvent(0, tok, now, why, n_in)
+        while why is None:
+            if torch.is_inference_mode_enabled():     # as in stream: held per step, never across a yield
+                nxt = decode(nxt, cache, None, None)
+                tok = nxt.item()                      # synchronises the device
+            else:
+                with inference:
+                    nxt = decode(nxt, cache, None, None)
+                    tok = nxt.item()
+            now = clock()
+            why = finish(tok)
+            yield TokenEvent(0, tok, now, why, None)
 
     def _step(self, nxt, cache, mask, pos):
         """One decode step: the last tokens (B, 1) in, the next tokens (B, 1) and their host copy out."""

@@ -20,7 +20,8 @@ An artifact is one folder (FORMAT_VERSION 2: w4a8 weights packed two to a byte; 
 `load_artifact` builds the model skeleton from config.json with its parameters on the meta device
 (buffers that are not saved are computed from the config, as in from_pretrained, and cast to the dtype
 they had when saved), swaps in the recorded quant_linear modules, shaped on the meta device
-(`QuantLinear.from_state`), and assigns the memory-mapped tensors of model.safetensors (a module whose
+(`QuantLinear.from_state`), and assigns the tensors of model.safetensors, read into one arena of 2 MiB pages
+on the CPU (`read_safetensors`, weight_arena), by safetensors onto a GPU (a module whose
 running form differs from its stored one, W4A8, converts them once, in load_state_dict): no quantization
 runs, and the outputs are bit-identical to the model that was saved (tests/variants/test_artifact.py).
 Any recipe whose modules are nn.Linear (any dtype) or quant_linear modules round-trips; `save_artifact`
