@@ -13,10 +13,13 @@ Linux gives a madvised mapping huge pages when transparent huge pages are `alway
 (/sys/kernel/mm/transparent_hugepage/enabled); with `never`, or where the kernel has no 2 MiB pages to give,
 the arena is plain anonymous memory and the record says how much of it is in huge pages.
 
-`settle` moves one storage at a time, drops the old one at once and hands the freed memory back to the kernel
-every 32 MiB, so the resident set peaks at the weights plus the largest tensor and 32 MiB, not twice the
-weights. Tensors that share a storage (tied embeddings, views) keep
-sharing it; every holder of a tensor sees the move (`tensor.data` is swapped in place).
+An artifact is read straight into an arena (artifact.read_safetensors), so a loaded model's weights are
+already there. `settle` moves the rest (a model just built, weights a module repacked at load) one storage at
+a time, drops the old one at once and hands the freed memory back to the kernel every 32 MiB, so the
+resident set peaks at the weights plus the largest tensor and 32 MiB, not twice the weights. Tensors that
+share a storage (tied embeddings, views) keep sharing it; every holder of a tensor sees the move
+(`tensor.data` is swapped in place). Then the pages of the arenas the model was in that no live tensor reads
+go back to the kernel.
 """
 from __future__ import annotations
 
@@ -146,7 +149,9 @@ def _data_ptr(t) -> int:
 
 
 def _arena_at(address: int):
-    return next((a for a in _LIVE if a[1] <= address < a[2] and a[3]() is not None), None)
+    """The live arena whose mapping holds `address` (from the mapping's own start: a storage made over the
+    whole mapping starts there, before the first 2 MiB boundary), or None."""
+    return next((a for a in _LIVE if a[0] <= address < a[2] and a[3]() is not None), None)
 
 
 def _span(t) -> tuple[int, int]:
