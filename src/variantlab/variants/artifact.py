@@ -198,7 +198,8 @@ def write_safetensors(tensors: dict, path: Path, metadata: dict[str, str] | None
     8- but not 32-byte aligned once M >= 4. So: the header is padded with spaces (as safetensors pads
     it) to end on a boundary, and the tensors whose size is a multiple of ALIGN come first; the
     format allows no gaps, so a later odd-sized tensor can leave the ones after it unaligned (a CPU load reads
-    each tensor into memory of its own, `read_safetensors`, so only a memory-mapped reader sees the offsets)."""
+    each tensor onto a 64-byte boundary of its own, `read_safetensors`: only a memory-mapped reader sees the
+    file's offsets)."""
     import torch
 
     order = sorted(tensors, key=lambda k: (_nbytes(tensors[k]) % ALIGN != 0, k))
