@@ -234,8 +234,8 @@ def test_every_tensor_starts_on_a_64_byte_boundary_of_the_mapped_file(round_trip
 
 def test_a_file_aligned_to_8_bytes_only_is_copied_to_aligned_memory(tiny_model_dir, tmp_path):
     """aten::_weight_int8pack_mm crashes on an 8-byte-aligned weight (M >= 4): what safetensors' own
-    writer gives. load_artifact reads each tensor into memory of its own instead of handing the kernel the
-    mapping."""
+    writer gives. load_artifact reads each tensor onto a 64-byte boundary of an arena of its own instead of
+    handing the kernel the mapping."""
     from safetensors import safe_open
     from safetensors.torch import save_file
     model, tok, facts = _build(tiny_model_dir, "int8", {})

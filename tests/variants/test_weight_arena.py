@@ -130,19 +130,6 @@ def test_weights_read_from_a_file_are_in_an_arena_and_stay_where_they_are(tmp_pa
     assert all(torch.equal(m.state_dict()[k], state[k]) for k in state)
 
 
-def _resident(address: int) -> int:
-    """Rss of the mapping that holds `address` (/proc/self/smaps)."""
-    inside = False
-    for line in open("/proc/self/smaps").read().splitlines():
-        head = line.split(maxsplit=1)[0] if line else ""
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "Rss:":
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no mapping holds that address")
-
-
 def test_what_a_module_replaced_goes_back_and_what_is_still_used_stays(tmp_path):
     """A tensor read from the file and then replaced (as a module repacks its weights at load) is handed back
     to the kernel; one the model dropped but something else still holds keeps its values."""
@@ -157,8 +144,8 @@ def test_what_a_module_replaced_goes_back_and_what_is_still_used_stays(tmp_path)
     values = elsewhere.clone()
     address = state["replaced"].data_ptr()
     del state
-    before = _resident(address)
+    before = wa.smaps_bytes(address, 1, "Rss")
     wa.settle(m)
-    assert before - _resident(address) >= 30 << 20
+    assert before - wa.smaps_bytes(address, 1, "Rss") >= 30 << 20
     assert torch.equal(elsewhere, values)
     assert torch.equal(m.replaced, big * 2)

@@ -45,11 +45,11 @@ class TorchEngine:
     def __init__(self, model, tokenizer, device: str, tokenizer_id: str = "", clock: Clock = time.perf_counter,
                  static_cache: bool = True, compile_step: bool = False, decode_step: bool = True):
         self.model = model
-        # decode streams every weight a token: on the CPU they move into one huge-page mapping first
-        self.settled = settle(model) if torch.device(device).type == "cpu" else None
         self.tokenizer = tokenizer
         self.tokenizer_class = type(tokenizer).__name__
         self.device = torch.device(device)
+        # decode streams every weight a token: on the CPU they move into one huge-page mapping first
+        self.settled = settle(model) if self.device.type == "cpu" else None
         self.tokenizer_id = tokenizer_id
         self.clock = clock
         self.text = TokenizerText(tokenizer, eos_ids(tokenizer, getattr(model, "generation_config", None)),

@@ -463,7 +463,7 @@ def read_safetensors(path: Path) -> dict:
     the arena; reading straight into the arena spares the engine a copy, and the resident set two."""
     import torch
 
-    from .weight_arena import SLOT, arena
+    from .weight_arena import arena, rounded
 
     dtypes = {st: getattr(torch, name) for name, st in _ST_DTYPES.items()}
     with open(path, "rb") as f:
@@ -471,7 +471,7 @@ def read_safetensors(path: Path) -> dict:
         header = json.loads(f.read(n))
         header.pop("__metadata__", None)
         sizes = {k: spec["data_offsets"][1] - spec["data_offsets"][0] for k, spec in header.items()}
-        whole, at = arena(sum(-(-b // SLOT) * SLOT for b in sizes.values()))
+        whole, at = arena(sum(map(rounded, sizes.values())))
         buffer = memoryview(whole.numpy())
         state = {}
         for name, spec in header.items():
@@ -488,7 +488,7 @@ def read_safetensors(path: Path) -> dict:
                                                                                        "(rebuild it)")
                 got += step
             state[name] = whole[at:at + size].view(dtype).reshape(spec["shape"])
-            at += -(-size // SLOT) * SLOT
+            at += rounded(size)
     return state
 
 

@@ -85,7 +85,7 @@ def arena(nbytes: int):
     mapping lives as long as any tensor made from that one does."""
     import torch
 
-    total = _rounded(nbytes, HUGE_PAGE)
+    total = rounded(nbytes, HUGE_PAGE)
     mapping = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = _address(mapping)
     start = (-base) % HUGE_PAGE
@@ -101,7 +101,7 @@ def _move(storages: dict[int, list]) -> None:
     """Copy each storage into one new arena and point its tensors there, one at a time (see the module)."""
     import torch
 
-    sizes = {ptr: _rounded(ts[0].untyped_storage().nbytes()) for ptr, ts in storages.items()}
+    sizes = {ptr: rounded(ts[0].untyped_storage().nbytes()) for ptr, ts in storages.items()}
     whole, at = arena(sum(sizes.values()))
     storage = whole.untyped_storage()
     freed = 0
@@ -134,7 +134,7 @@ def _release_unused(found) -> None:
                   if issubclass(type(o), torch.Tensor) and lo <= _data_ptr(o) < hi)
     edge = lo
     for a, b in [*used, (hi, hi)]:
-        first, last = _rounded(edge, PAGE), (a // PAGE) * PAGE
+        first, last = rounded(edge, PAGE), (a // PAGE) * PAGE
         if last > first:
             mapping.madvise(mmap.MADV_DONTNEED, first - base, last - first)
         edge = max(edge, b)
@@ -171,8 +171,15 @@ def _union(spans) -> list[tuple[int, int]]:
 
 
 def huge_bytes(address: int, length: int) -> int | None:
-    """Bytes of [address, address + length) that this process holds in transparent huge pages
-    (/proc/self/smaps, AnonHugePages of the mappings that overlap it); None where smaps cannot be read."""
+    """Bytes of [address, address + length) that this process holds in transparent huge pages; None where
+    /proc/self/smaps cannot be read."""
+    found = smaps_bytes(address, length, "AnonHugePages")
+    return None if found is None else min(found, length)
+
+
+def smaps_bytes(address: int, length: int, field: str) -> int | None:
+    """One field (Rss, AnonHugePages, ...) of /proc/self/smaps summed over the mappings that overlap
+    [address, address + length), in bytes; None where smaps cannot be read."""
     try:
         text = Path("/proc/self/smaps").read_text()
     except OSError:
@@ -183,9 +190,9 @@ def huge_bytes(address: int, length: int) -> int | None:
         if "-" in head and ":" not in head:
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo < address + length and address < hi
-        elif inside and head == "AnonHugePages:":
+        elif inside and head == f"{field}:":
             found += int(line.split()[1]) * 1024
-    return min(found, length)
+    return found
 
 
 def thp_setting() -> str:
@@ -219,5 +226,6 @@ def _address(arena: mmap.mmap) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(arena))
 
 
-def _rounded(n: int, to: int = SLOT) -> int:
+def rounded(n: int, to: int = SLOT) -> int:
+    """n rounded up to a multiple of `to` (an arena's slot, by default)."""
     return -(-n // to) * to
