@@ -1,7 +1,8 @@
 """Harness overhead: per-token time through the harness path vs a bare KV-cached greedy loop.
 
 The harness path is what a single-stream scenario runs: `run_requests(engine, [request])` per
-request, through TorchEngine.stream, with the scenario's stop rules on: EOS and "\\n" (a token-id
+request, which takes one request through TorchEngine.collect (the stream's steps, clock reads and stop
+rules, with no event yielded between tokens), with the scenario's stop rules on: EOS and "\\n" (a token-id
 set); --stop adds stop strings (e.g. --stop '\\nQ:' also searches the rolling text tail every
 token). It runs inside torch.inference_mode(), as the worker runs its scenarios (the engine then
 skips its per-step toggle); --caller-mode normal measures a caller outside it. The bare loop is the
@@ -19,12 +20,18 @@ time) / (tokens - 1), i.e. TPOT, per request. The headline ratio is the median o
 pairs' ratios (slow drift in the machine's load cancels within a pair), with a bootstrap 95% CI.
 
     python benchmarks/harness_overhead.py [--model DIR] [--rounds 15] [--tokens 64] [--prompts 4]
-        [--threads N] [--clock wall|cpu]
+        [--threads N] [--clock wall|cpu] [--noop-tokens 2000]
 
 --clock cpu times both paths by this thread's CPU time (the engine's clock injected), which other
 processes on a shared machine disturb less; but reading it is a system call (about 0.4 us) that the
 harness makes once per token and the bare loop twice per request, so it overstates the ratio by
 about 0.001-0.002.
+
+Two more lines bound what the ratio can show. The noise floor: a second copy of the bare loop runs in the same
+rounds, and its ratio to the first (A/A) is what the machine's drift alone gives. The harness's own work: both
+paths again with the decode step replaced by one that returns its input at once (the model's prefill still
+runs), --noop-tokens tokens a request; the difference per token is the Python the harness adds to every step,
+free of the memory-bound step's noise, printed also as a share of the real step.
 
 Goal (issues 2 and 8): ratio at most 1.01.
 """
@@ -90,6 +97,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--noop-tokens", type=int, default=2000,
+                    help="tokens a request when the decode step is a no-op (the harness's own work)")
     ap.add_argument("--stop", action="append", default=[],
                     help="another stop string for the harness path (must hold a newline); repeatable")
     ap.add_argument("--caller-mode", choices=("inference", "normal"), default="inference",
@@ -113,17 +122,22 @@ def main() -> None:
     for p, ids in zip(prompts, prompt_ids):  # warm up both paths (and check the harness runs to --tokens)
         bare_per_token(engine, ids, 8, clock)
         harness_per_token(engine, p, args.tokens, stop, inference)
-    harness, bare, paired = [], [], []
+    harness, bare, paired, floor = [], [], [], []
     for r in range(args.rounds):  # ABBA per prompt: neither path always runs first (caches, frequency)
         for i, (p, ids) in enumerate(zip(prompts, prompt_ids)):
             run = {"harness": lambda: harness_per_token(engine, p, args.tokens, stop, inference),
-                   "bare": lambda: bare_per_token(engine, ids, args.tokens, clock)}
-            got = {k: run[k]() for k in (("harness", "bare") if (r + i) % 2 == 0 else ("bare", "harness"))}
+                   "bare": lambda: bare_per_token(engine, ids, args.tokens, clock),
+                   "bare again": lambda: bare_per_token(engine, ids, args.tokens, clock)}
+            order = ("harness", "bare", "bare again") if (r + i) % 2 == 0 else ("bare again", "bare", "harness")
+            got = {k: run[k]() for k in order}
             harness.append(got["harness"])
             bare.append(got["bare"])
             paired.append(got["harness"] / got["bare"])
+            floor.append(got["bare again"] / got["bare"])
+    own = own_work(engine, prompts[0], prompt_ids[0], args.noop_tokens, stop, inference, clock)
     h, b = statistics.median(harness), statistics.median(bare)
     lo, hi = bootstrap_median_ci(paired)
+    flo, fhi = bootstrap_median_ci(floor)
     print(f"model {path} | threads {torch.get_num_threads()} | {args.rounds} rounds x {len(prompts)} prompts "
           f"x {args.tokens} tokens | clock {args.clock}")
     print(f"harness path: stop rules EOS, {', '.join(map(repr, stop))}; caller mode {args.caller_mode}")
@@ -131,6 +145,24 @@ def main() -> None:
     print(f"per-token time, bare decode loop (median):  {b * 1e3:.4f} ms")
     print(f"ratio harness / bare, median of {len(paired)} back-to-back pairs: {statistics.median(paired):.4f} "
           f"(95% CI {lo:.4f}-{hi:.4f}); of the medians: {h / b:.4f}; goal <= 1.01")
+    print(f"noise floor, bare again / bare (A/A), median of {len(floor)} pairs: {statistics.median(floor):.4f} "
+          f"(95% CI {flo:.4f}-{fhi:.4f})")
+    print(f"the harness's own work, decode step a no-op ({args.noop_tokens} tokens, median of 9): "
+          f"{own * 1e6:.2f} us a token = {own / b:.4f} of the real step")
+
+
+def own_work(engine: TorchEngine, prompt: str, ids: list[int], n_tokens: int, stop: tuple[str, ...],
+             inference: bool, clock) -> float:
+    """Per-token time of the harness path minus the bare loop's, the engine's decode step replaced by one that
+    returns its input (a token the ban leaves greedy, so the request runs to n_tokens): the Python alone."""
+    real = engine._decode
+    engine._decode = lambda nxt, cache, mask, pos: nxt
+    try:
+        diffs = [harness_per_token(engine, prompt, n_tokens, stop, inference)
+                 - bare_per_token(engine, ids, n_tokens, clock) for _ in range(9)]
+    finally:
+        engine._decode = real
+    return statistics.median(diffs)
 
 
 def bootstrap_median_ci(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import build_tokenizer
 
-from variantlab.backends.base import (FINISH_LENGTH, FINISH_STOP, Capabilities, GenerationRequest,
+from variantlab.backends.base import (FINISH_LENGTH, FINISH_STOP, Capabilities, GenerationRequest, cut_at_stop,
                                       run_requests)
 from variantlab.backends.torch_engine import TorchEngine
 
@@ -280,6 +280,25 @@ def test_run_requests_times_come_from_the_engine_clock_exactly(tiny_lm):
     assert [r.end_time for r in recs] == [4.0, 6.0]
     for r in recs:
         assert r.send_time <= r.first_token_time <= r.end_time and r.ok
+
+
+@pytest.mark.parametrize("caller_mode", ["inference", "normal"])
+def test_one_request_is_collected_with_the_tokens_times_and_ending_the_stream_gives(tiny_lm, caller_mode):
+    """run_requests takes a single request through `collect` (no event per token): the record is what the
+    stream's events make, on one clock reading per token; a batch still streams."""
+    model, tok = tiny_lm
+    for r in (req(1, max_new_tokens=N, stop_on_eos=False), req(2, max_new_tokens=40, stop=("\n",)),
+              GenerationRequest("ids", prompt_ids=(0, 9, 9, 9), max_new_tokens=1)):
+        readings = iter(range(1, 10_000))
+        engine = TorchEngine(model, tok, "cpu", "tok", clock=lambda: float(next(readings)))
+        with torch.inference_mode(caller_mode == "inference"):
+            (rec,) = run_requests(engine, [r])
+            assert torch.is_inference_mode_enabled() == (caller_mode == "inference")   # the caller's mode
+            events = list(engine.stream([r]))
+        assert rec.token_ids == tuple(ev.token_id for ev in events)
+        assert rec.finish_reason == events[-1].finish_reason and rec.tokens_in == events[0].prompt_tokens
+        assert rec.send_time == 1.0 and rec.token_times == tuple(float(t) for t in range(2, 2 + len(events)))
+        assert rec.output_text == cut_at_stop(engine.decode(list(rec.token_ids)), r.stop).strip()
 
 
 def test_run_requests_tokens_in_for_text_and_id_prompts(engine, tiny_lm):

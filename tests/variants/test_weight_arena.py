@@ -108,6 +108,16 @@ def test_read_safetensors_reads_what_write_safetensors_wrote(tmp_path):
         assert got[k].numel() == 0 or got[k].data_ptr() % 64 == 0
 
 
+def test_threads_read_pieces_of_large_tensors_into_their_places(tmp_path, monkeypatch):
+    monkeypatch.setattr(art, "READ_PIECE", 256)
+    tensors = {f"t{i}": torch.randn(i * 37 + 1) for i in range(12)}
+    path = tmp_path / "t.safetensors"
+    art.write_safetensors(tensors, path)
+    for threads in (1, 2, 5, 64):
+        got = art.read_safetensors(path, threads=threads)
+        assert all(torch.equal(got[k], t) for k, t in tensors.items())
+
+
 def test_a_truncated_weights_file_names_the_tensor(tmp_path):
     path = tmp_path / "t.safetensors"
     art.write_safetensors({"w": torch.randn(64, 64)}, path)
@@ -149,3 +159,28 @@ def test_what_a_module_replaced_goes_back_and_what_is_still_used_stays(tmp_path)
     assert before - wa.smaps_bytes(address, 1, "Rss") >= 30 << 20
     assert torch.equal(elsewhere, values)
     assert torch.equal(m.replaced, big * 2)
+
+
+def test_gaps_are_the_whole_pages_no_span_touches():
+    p = wa.PAGE
+    assert wa._gaps([], 0, 4 * p) == [(0, 4 * p)]
+    assert wa._gaps([(0, 4 * p)], 0, 4 * p) == []
+    assert wa._gaps([(0, 10), (3 * p + 1, 4 * p)], 0, 4 * p) == [(p, 3 * p)]     # partial pages stay
+    assert wa._gaps([(-p, 10), (2 * p, 9 * p)], 0, 4 * p) == [(p, 2 * p)]      # spans past the ends are cut
+    assert wa._gaps([(8 * p, 9 * p)], 0, 4 * p) == [(0, 4 * p)]                # a span elsewhere is no use
+
+
+def test_settle_looks_for_unused_pages_only_where_the_model_leaves_some(tmp_path, monkeypatch):
+    scanned = []
+    monkeypatch.setattr(wa, "_release_unused", scanned.append)
+    path = tmp_path / "t.safetensors"
+    art.write_safetensors({"a": torch.randn(4096), "b": torch.randn(4096), "c": torch.randn(4096)}, path)
+    state = art.read_safetensors(path)
+    m = nn.Module()
+    for k in ("a", "b", "c"):
+        m.register_buffer(k, state[k])
+    wa.settle(m)
+    assert scanned == []                         # the model reads every page the file filled
+    m.b = state["b"] * 2
+    wa.settle(m)
+    assert len(scanned) == 1 and scanned[0][1] <= state["a"].data_ptr()

@@ -9,6 +9,11 @@ synchronises the device), then the clock once, then yields a TokenEvent for each
 running, so a token's time is when it was really available. Rows that finished keep computing in
 the batch until every row has finished (and yield nothing more).
 
+`run_requests` takes a single request through `collect` instead: the same prefill, steps, clock reads
+and stop rules, the tokens and times kept in two lists, nothing yielded between tokens (the measured
+path; a generator, an event and the consumer's loop there slowed each step of the tiny reference model
+by 2-3%, more than their own Python: benchmarks/harness_overhead.py).
+
 The steps run in inference mode, entered per step and never held across a yield, so the caller's
 code between tokens keeps its own autograd mode; a caller that already runs in inference mode (the
 measuring worker should) saves that toggle. On the shipped 0.65 ms/token model the toggle, like any
@@ -23,6 +28,7 @@ benchmarks/harness_overhead.py measures what the loop costs over a bare one.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 import types
@@ -30,7 +36,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-from .base import Capabilities, Clock, GenerationRequest, NonFiniteLogits, ScoredText, TokenEvent
+from .base import Capabilities, Clock, Collected, GenerationRequest, NonFiniteLogits, ScoredText, TokenEvent
 from .kv_cache import KVCaches
 from .stopping import RequestStop, Vocabulary
 from .tokenized import TokenizerText, eos_ids
@@ -91,12 +97,62 @@ class TorchEngine:
         """Greedy-decode `requests` together; yield each token (in request order per step) as it lands."""
         if not requests:
             return
+        rows, n_in, cache, nxt, host, mask, pos = self._prefill(requests)
+        if mask is None:                                  # one request (a batch has a mask)
+            yield from self._one(rows[0].finish, host[0][0], n_in[0], nxt, cache)
+            return
+        clock, step, no_autograd = self.clock, self._step, torch.inference_mode()
+        finish = [row.finish for row in rows]
+        running = list(range(len(rows)))
+        prompt_tokens: list[int] | None = n_in           # on each request's first event only
+        while True:
+            now = clock()
+            still = []
+            for b in running:
+                tok = host[b][0]
+                why = finish[b](tok)
+                yield TokenEvent(b, tok, now, why, None if prompt_tokens is None else prompt_tokens[b])
+                if why is None:
+                    still.append(b)
+            running, prompt_tokens = still, None
+            if not running:
+                return
+            # Inference mode is held per step, never across a yield (the caller's code between tokens
+            # keeps its own mode); a caller that already runs in it (the worker) saves the toggle.
+            if torch.is_inference_mode_enabled():
+                nxt, host, mask, pos = step(nxt, cache, mask, pos)
+            else:
+                with no_autograd:
+                    nxt, host, mask, pos = step(nxt, cache, mask, pos)
+
+    def collect(self, request: GenerationRequest) -> Collected:
+        """One request run to its end with nothing yielded between tokens: `run_requests`'s path for a single
+        request. The same steps, clock reads and stop rules as `stream`; a token's time is still read when
+        its id is on the host. Between two steps only the clock, the stop rules and two list appends run:
+        each layer of Python there (a generator, an event, the consumer's loop) slowed the next step of the
+        tiny reference model by more than its own cost (benchmarks/harness_overhead.py)."""
+        rows, n_in, cache, nxt, host, _, _ = self._prefill([request])
+        finish, clock, decode = rows[0].finish, self.clock, self._decode
+        tok = host[0][0]
+        tokens, times = [tok], [clock()]
+        why = finish(tok)
+        with contextlib.nullcontext() if torch.is_inference_mode_enabled() else torch.inference_mode():
+            while why is None:
+                nxt = decode(nxt, cache, None, None)
+                tok = nxt.item()                          # synchronises the device
+                times.append(clock())
+                tokens.append(tok)
+                why = finish(tok)
+        return Collected(tokens, times, why, n_in[0])
+
+    def _prefill(self, requests: Sequence[GenerationRequest]):
+        """The prompts' forward: (stop rules, prompt lengths, cache, next tokens (B, 1), their host copy, mask and
+        positions (None for one request))."""
         rows = [self.stop_rules(r) for r in requests]
         prompts = [list(r.prompt_ids) if r.prompt_ids is not None else self.encode(r.prompt) for r in requests]
         if any(not p for p in prompts):
             raise ValueError("a prompt must have at least one token")
         n_in = [len(p) for p in prompts]
-        clock, step = self.clock, self._step
         total = max(n_in) + max(r.max_new_tokens for r in requests)
         cache = self.caches.acquire(len(prompts), total)
         no_autograd = torch.inference_mode()
@@ -122,31 +178,7 @@ class TorchEngine:
         if not finite:
             raise NonFiniteLogits(f"NaN or inf logits after the prompt of {len(prompts)} request(s) "
                                   f"({max(n_in)} tokens): the variant's answers would be argmax of garbage")
-        if mask is None:                                  # one request (a batch has a mask)
-            yield from self._one(rows[0].finish, host[0][0], n_in[0], nxt, cache)
-            return
-        finish = [row.finish for row in rows]
-        running = list(range(len(rows)))
-        prompt_tokens: list[int] | None = n_in           # on each request's first event only
-        while True:
-            now = clock()
-            still = []
-            for b in running:
-                tok = host[b][0]
-                why = finish[b](tok)
-                yield TokenEvent(b, tok, now, why, None if prompt_tokens is None else prompt_tokens[b])
-                if why is None:
-                    still.append(b)
-            running, prompt_tokens = still, None
-            if not running:
-                return
-            # Inference mode is held per step, never across a yield (the caller's code between tokens
-            # keeps its own mode); a caller that already runs in it (the worker) saves the toggle.
-            if torch.is_inference_mode_enabled():
-                nxt, host, mask, pos = step(nxt, cache, mask, pos)
-            else:
-                with no_autograd:
-                    nxt, host, mask, pos = step(nxt, cache, mask, pos)
+        return rows, n_in, cache, nxt, host, mask, pos
 
     def _one(self, finish, tok: int, n_in: int, nxt, cache) -> Iterator[TokenEvent]:
         """The events of one request from its first token on: `stream`'s loop without the batch's bookkeeping

@@ -456,11 +456,19 @@ def load_artifact(path: str | Path, device: str = "cpu", *, tokenizer=None, trus
     return model, tok, with_decode_kernels(model, facts)
 
 
-def read_safetensors(path: Path) -> dict:
+READ_PIECE = 8 << 20      # read_safetensors hands its threads pieces of at most this many bytes
+READ_BOUND_S = 600        # and gives up on a file that takes longer than this to read
+
+
+def read_safetensors(path: Path, threads: int | None = None) -> dict:
     """The tensors of a safetensors file, read (not memory-mapped) into one arena of 2 MiB pages
     (weight_arena: where the engine keeps a CPU model's weights), each on a 64-byte boundary. A mapped file's
     pages are 4 KiB page-cache pages, which decode reads 10% slower than anonymous memory and 20% slower than
-    the arena; reading straight into the arena spares the engine a copy, and the resident set two."""
+    the arena; reading straight into the arena spares the engine a copy, and the resident set two.
+
+    `threads` (default: torch's intra-op threads, those decode will use) read pieces of the file at once: the
+    kernel both copies and clears each new page on the reading thread, and one thread alone read 438 MiB in a
+    median of 0.70 s here where two took 0.08 s (2-core EPYC, 10 processes each, interleaved)."""
     import torch
 
     from .weight_arena import arena, rounded
@@ -469,27 +477,63 @@ def read_safetensors(path: Path) -> dict:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
-        header.pop("__metadata__", None)
-        sizes = {k: spec["data_offsets"][1] - spec["data_offsets"][0] for k, spec in header.items()}
-        whole, at = arena(sum(map(rounded, sizes.values())))
-        buffer = memoryview(whole.numpy())
-        state = {}
-        for name, spec in header.items():
-            dtype, size = dtypes[spec["dtype"]], sizes[name]
-            if not size:
-                state[name] = torch.empty(spec["shape"], dtype=dtype)
-                continue
-            f.seek(8 + n + spec["data_offsets"][0])
+    header.pop("__metadata__", None)
+    sizes = {k: spec["data_offsets"][1] - spec["data_offsets"][0] for k, spec in header.items()}
+    whole, at = arena(sum(map(rounded, sizes.values())))
+    state, pieces = {}, []     # pieces: (tensor, offset in the file, offset in the arena, bytes)
+    for name, spec in header.items():
+        dtype, size = dtypes[spec["dtype"]], sizes[name]
+        if not size:
+            state[name] = torch.empty(spec["shape"], dtype=dtype)
+            continue
+        pieces += [(name, 8 + n + spec["data_offsets"][0] + o, at + o, min(READ_PIECE, size - o))
+                   for o in range(0, size, READ_PIECE)]
+        state[name] = whole[at:at + size].view(dtype).reshape(spec["shape"])
+        at += rounded(size)
+    _read_pieces(path, memoryview(whole.numpy()), pieces, threads or torch.get_num_threads())
+    return state
+
+
+def _read_pieces(path: Path, buffer: memoryview, pieces: list[tuple], threads: int) -> None:
+    """Read each (tensor, file offset, buffer offset, bytes) piece of `path` into `buffer`, `threads` at a time,
+    each thread a contiguous run of about equal bytes."""
+    import concurrent.futures
+
+    total = sum(p[3] for p in pieces)
+    share = -(-total // max(1, threads))
+    runs, run, held = [], [], 0
+    for p in pieces:
+        run.append(p)
+        held += p[3]
+        if held >= share:
+            runs, run, held = runs + [run], [], 0
+    runs += [run] if run else []
+
+    def read(fd: int, run: list[tuple]) -> None:
+        for name, offset, to, size in run:
             got = 0
             while got < size:
-                step = f.readinto(buffer[at + got:at + size])
+                step = os.preadv(fd, [buffer[to + got:to + size]], offset + got)
                 if not step:
                     raise ModelLoadError(f"{path} ends inside tensor '{name}'", accepted="an intact artifact "
                                                                                        "(rebuild it)")
                 got += step
-            state[name] = whole[at:at + size].view(dtype).reshape(spec["shape"])
-            at += rounded(size)
-    return state
+
+    fd = os.open(path, os.O_RDONLY)
+    pool = concurrent.futures.ThreadPoolExecutor(len(runs) or 1, thread_name_prefix="read-weights")
+    waiting = ()
+    try:
+        futures = [pool.submit(read, fd, run) for run in runs]
+        _, waiting = concurrent.futures.wait(futures, timeout=READ_BOUND_S)
+        if waiting:
+            raise ModelLoadError(f"reading {path}: not done after {READ_BOUND_S} s (a stalled disk?)",
+                                 accepted="a weights file on a disk that answers")
+        for future in futures:
+            future.result()
+    finally:
+        pool.shutdown(wait=not waiting, cancel_futures=True)
+        if not waiting:
+            os.close(fd)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,8 @@ HUGE_PAGE = 2 << 20     # bytes: x86-64's transparent huge page
 SLOT = 64               # bytes: each storage starts on a cache line (AVX-512's widest aligned load)
 TRIM_EVERY = 32 << 20   # bytes freed between two returns of the C heap's free memory to the kernel
 PAGE = 4096
-_LIVE: list[tuple] = []  # (mapping's address, first usable byte, end, weakref to the mmap) of each arena made here
+_LIVE: list[tuple] = []  # (mapping's address, first usable byte, end of the bytes asked for, weakref to the mmap)
+#                           of each arena made here
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -71,9 +72,10 @@ def settle(model) -> Settled | None:
     moving = {ptr: ts for ptr, ts in storages.items() if ptr not in held}
     if moving:
         _move(moving)
-    for ptr in held:
-        _release_unused(_arena_at(ptr))
     tensors = [t for ts in storages.values() for t in ts]
+    for found in {_arena_at(ptr) for ptr in held}:
+        if _gaps(_union(map(_span, tensors)), found[1], found[2]):
+            _release_unused(found)
     size = sum(hi - lo for lo, hi in _union(map(_span, tensors)))
     arenas = {_arena_at(t.data_ptr())[1:3] for t in tensors}
     huge = [huge_bytes(lo, hi - lo) for lo, hi in arenas]
@@ -92,7 +94,7 @@ def arena(nbytes: int):
     if hasattr(mmap, "MADV_HUGEPAGE"):
         mapping.madvise(mmap.MADV_HUGEPAGE, start, total)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)   # its storage keeps the mapping alive
-    _LIVE[:] = [a for a in _LIVE if a[3]() is not None] + [(base, base + start, base + start + total,
+    _LIVE[:] = [a for a in _LIVE if a[3]() is not None] + [(base, base + start, base + start + nbytes,
                                                             weakref.ref(mapping))]
     return whole, start
 
@@ -132,12 +134,19 @@ def _release_unused(found) -> None:
         return
     used = _union(_span(o) for o in gc.get_objects()
                   if issubclass(type(o), torch.Tensor) and lo <= _data_ptr(o) < hi)
-    edge = lo
-    for a, b in [*used, (hi, hi)]:
+    for first, last in _gaps(used, lo, hi):
+        mapping.madvise(mmap.MADV_DONTNEED, first - base, last - first)
+
+
+def _gaps(used: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The whole pages of [lo, hi) that none of the `used` spans (sorted, disjoint: `_union`) touches."""
+    out, edge = [], lo
+    for a, b in [*((max(a, lo), min(b, hi)) for a, b in used if a < hi and b > lo), (hi, hi)]:
         first, last = rounded(edge, PAGE), (a // PAGE) * PAGE
         if last > first:
-            mapping.madvise(mmap.MADV_DONTNEED, first - base, last - first)
+            out.append((first, last))
         edge = max(edge, b)
+    return out
 
 
 def _data_ptr(t) -> int:
