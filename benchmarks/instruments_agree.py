@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -111,13 +112,31 @@ def main() -> None:
                     ss.append(got["script"][name])
         print(f"  repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
     print(f"{args.shape}, {args.reps} repetitions of (bench, script) back to back per group; TPOT medians, ms; "
-          f"ratio = median over repetitions of bench / script [min, max]")
-    print(f"{'variant':12} {'bench':>8} {'script':>8} {'bench/script [min, max]':>24}  within 5%")
+          f"ratio = median over repetitions of bench / script [min, max], its bootstrap 95% interval")
+    print(f"{'variant':12} {'bench':>8} {'script':>8} {'bench/script [min, max]':>24} {'95% interval':>15}  within 5%")
     for name, rs in ratios.items():
         b, s = (statistics.median(x) for x in tpots[name])
         r = statistics.median(rs)
-        print(f"{name:12} {1e3 * b:8.2f} {1e3 * s:8.2f} {r:>8.3f} [{min(rs):.3f}, {max(rs):.3f}]  "
-              f"{'yes' if abs(r - 1) <= 0.05 else 'NO'}")
+        lo, hi = bootstrap_median_ci(rs)
+        print(f"{name:12} {1e3 * b:8.2f} {1e3 * s:8.2f} {r:>8.3f} [{min(rs):.3f}, {max(rs):.3f}] "
+              f"  [{lo:.3f}, {hi:.3f}]  {'yes' if abs(r - 1) <= 0.05 else 'NO'}")
+    print("each repetition's bench / script (to pool runs):")
+    for name, rs in ratios.items():
+        print(f"  {name}: {' '.join(f'{x:.3f}' for x in rs)}")
+    # What each instrument says of ours against llama.cpp, within one run of it: the host's drift cancels there.
+    pairs = [(p.recipe, f"gguf-{p.gguf.lower()}") for p in PAIRS
+             if p.recipe in tpots and f"gguf-{p.gguf.lower()}" in tpots]
+    if pairs:
+        print("ours ÷ llama.cpp TPOT as each instrument measures it (median over repetitions; within one run):")
+        for ours, peer in pairs:
+            by = [statistics.median(o / q for o, q in zip(tpots[ours][k], tpots[peer][k])) for k in (0, 1)]
+            print(f"  {ours} ÷ {peer}: bench {by[0]:.3f}, script {by[1]:.3f}, bench/script {by[0] / by[1]:.3f}")
+
+
+def bootstrap_median_ci(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
 if __name__ == "__main__":

@@ -184,3 +184,24 @@ def test_settle_looks_for_unused_pages_only_where_the_model_leaves_some(tmp_path
     m.b = state["b"] * 2
     wa.settle(m)
     assert len(scanned) == 1 and scanned[0][1] <= state["a"].data_ptr()
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass defined after the engine was imported: its instances still count as live."""
+
+
+def test_a_tensor_of_any_subclass_keeps_the_pages_it_reads(tmp_path):
+    path = tmp_path / "t.safetensors"
+    art.write_safetensors({"kept": torch.randn(1024), "gone": torch.randn(4 << 20), "held": torch.randn(4 << 20)},
+                          path)
+    state = art.read_safetensors(path)
+    m = nn.Module()
+    m.register_buffer("kept", state["kept"])
+    held = torch.Tensor._make_subclass(_Marked, state["held"][8:1 << 20])
+    values = held.detach().clone()
+    gone = state["gone"].data_ptr()
+    del state
+    before = wa.smaps_bytes(gone, 1, "Rss")
+    wa.settle(m)
+    assert before - wa.smaps_bytes(gone, 1, "Rss") >= 12 << 20      # the unused tensor's pages went back
+    assert type(held) is _Marked and torch.equal(held.as_subclass(torch.Tensor), values.as_subclass(torch.Tensor))
