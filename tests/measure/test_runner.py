@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -212,9 +213,21 @@ def test_an_interrupted_run_is_marked_keeps_what_it_finished_and_leaves_no_worke
     proc = subprocess.Popen([sys.executable, "-m", "variantlab.cli", "bench", str(suite)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     store = tmp_path / "store.sqlite"
+    # Interrupt once a measurement is done: its line on stderr, or its record in the store (a poll of the store
+    # alone once missed every record until the run had ended, on a loaded CI machine).
+    lines: list[str] = []
+    measured = threading.Event()
+
+    def read_stderr() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if re.search(r"round \d+/4: ok", line):
+                measured.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     deadline = time.time() + 300
-    while time.time() < deadline:
-        time.sleep(0.5)
+    while time.time() < deadline and not measured.wait(0.5):
         if store.exists():
             with sqlite3.connect(store) as db:
                 try:
@@ -223,7 +236,9 @@ def test_an_interrupted_run_is_marked_keeps_what_it_finished_and_leaves_no_worke
                 except sqlite3.OperationalError:
                     pass
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    err = "".join(lines)
     assert proc.returncode == 130, err
     assert "interrupted" in err
     with Store(store) as s:
