@@ -74,10 +74,11 @@ def settle(model) -> Settled | None:
     if moving:
         _move(moving)
     tensors = [t for ts in storages.values() for t in ts]
+    spans = _union(map(_span, tensors))
     for found in {_arena_at(ptr) for ptr in held}:
-        if _gaps(_union(map(_span, tensors)), found[1], found[2]):
+        if _gaps(spans, found[1], found[2]):
             _release_unused(found)
-    size = sum(hi - lo for lo, hi in _union(map(_span, tensors)))
+    size = sum(hi - lo for lo, hi in spans)
     arenas = [(lo, hi - lo) for lo, hi in {_arena_at(t.data_ptr())[1:3] for t in tensors}]
     huge = smaps_totals(arenas, "AnonHugePages")       # one read of smaps for every arena
     return Settled(size, None if huge is None else min(size, sum(map(min, huge, (n for _, n in arenas)))),
