@@ -38,6 +38,7 @@ def test_a_built_gguf_is_described_sealed_and_reused_only_as_built(q8, tmp_path)
     meta = gguf_artifact.read_meta(q8)
     facts = meta["facts"]
     assert meta["gguf_type"] == "Q8_0" and facts["dtype"] == "Q8_0" and facts["parameters"] == 1115264
+    assert meta["build"]["page_cache_s"] >= 0     # the GGUF was settled in the page cache as if read from disk
     assert 8 < facts["bits_per_weight"] < 9.5 and facts["extra"]["tokenizer"] == "the checkpoint's"
     assert "AVX2" in facts["kernels"][0] or "llama.cpp" in facts["kernels"][0]
     assert (q8 / "tokenizer.json").is_file() and "model.gguf" in meta["files"]

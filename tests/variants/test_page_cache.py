@@ -1,0 +1,62 @@
+"""variants/page_cache.py: a file dropped from the page cache and read through once, left whole and resident."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+
+import pytest
+
+from variantlab.variants import page_cache
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore and posix_fadvise: Linux")
+
+
+def resident_pages(path) -> tuple[int, int]:
+    """(pages of `path` in the page cache, pages in all), by mincore over a private mapping of it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        vec = (ctypes.c_ubyte * pages)()
+        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+            pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
+        return sum(v & 1 for v in vec), pages
+    finally:
+        del vec
+        m.close()
+
+
+def dropped(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@linux
+def test_the_file_is_read_through_and_left_resident_and_unchanged(tmp_path):
+    path = tmp_path / "model.gguf"
+    data = os.urandom(3 * page_cache.CHUNK // 2 + 12345)       # more than one read, and a partial last page
+    path.write_bytes(data)
+    dropped(path)
+    before, pages = resident_pages(path)
+    if before == pages:
+        pytest.skip("this filesystem keeps a file's pages after POSIX_FADV_DONTNEED (tmpfs): nothing to show")
+    assert page_cache.as_read_from_disk(path) is True
+    assert resident_pages(path) == (pages, pages)
+    assert path.read_bytes() == data
+
+
+def test_without_posix_fadvise_it_leaves_the_cache_alone(tmp_path, monkeypatch):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" * 10)
+    monkeypatch.delattr(os, "posix_fadvise", raising=False)
+    assert page_cache.as_read_from_disk(path) is False
+    assert path.read_bytes() == b"GGUF" * 10
