@@ -18,17 +18,18 @@ def resident_pages(path) -> tuple[int, int]:
     libc = ctypes.CDLL(None, use_errno=True)
     size = os.path.getsize(path)
     pages = -(-size // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
     with open(path, "rb") as f:
         m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
     try:
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        vec = (ctypes.c_ubyte * pages)()
-        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
-            pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
-        return sum(v & 1 for v in vec), pages
+        start = ctypes.c_char.from_buffer(m)
+        rc = libc.mincore(ctypes.c_void_p(ctypes.addressof(start)), ctypes.c_size_t(size), vec)
+        del start                                   # the mapping closes only once nothing points into it
     finally:
-        del vec
         m.close()
+    if rc != 0:
+        pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
+    return sum(v & 1 for v in vec), pages
 
 
 def dropped(path) -> None:
