@@ -156,10 +156,8 @@ def main() -> None:
                             floor.setdefault(name, []).append(got["script again"][name] / got["script"][name])
                 peer = f"gguf-{pair.gguf.lower()}"
                 if pair.recipe in got["bench"] and peer in got["bench"]:
-                    within = [got[k][pair.recipe] / got[k][peer] for k in ("bench", "script")]
-                    verdicts.setdefault((pair.recipe, peer), ([], []))
-                    for k, v in zip((0, 1), within):
-                        verdicts[(pair.recipe, peer)][k].append(v)
+                    for side, k in zip(verdicts.setdefault((pair.recipe, peer), ([], [])), ("bench", "script")):
+                        side.append(got[k][pair.recipe] / got[k][peer])
             print(f"  repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
     print(f"{args.shape}, {args.reps} repetitions of (bench, script) back to back per pair; TPOT medians, ms; "
           f"ratio = median over repetitions of bench / script [min, max], its bootstrap 95% interval")
