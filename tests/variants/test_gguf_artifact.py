@@ -11,6 +11,7 @@ import pytest
 from variantlab.errors import RecipeError
 from variantlab.models.loading import BUILTIN_MODELS
 from variantlab.variants import gguf_artifact, gguf_convert
+from variantlab.variants.artifact_content import file_sha256
 
 pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: bash scripts/install_llamacpp.sh")
 pytestmark = pytest.mark.model
@@ -59,8 +60,12 @@ def test_a_built_gguf_is_described_sealed_and_reused_only_as_built(q8, tmp_path)
 def test_a_users_gguf_of_the_same_vocabulary_takes_the_checkpoints_ids(q8, tmp_path):
     user = tmp_path / "model-Q8_0.gguf"
     shutil.copyfile(q8 / "model.gguf", user)
+    written = user.stat().st_mtime_ns
     meta = gguf_artifact.build_gguf_artifact(SOURCE, {"gguf_file": str(user)}, tmp_path / "a", threads=1,
                                              calibration_texts=TEXTS)
+    assert meta["build"]["page_cache_s"] >= 0     # settled in the page cache as if read from disk (page_cache.py),
+    assert user.stat().st_mtime_ns == written     # and left as the user had it
+    assert meta["file"]["sha256"] == file_sha256(q8 / "model.gguf")
     assert meta["facts"]["extra"]["tokenizer"] == "the checkpoint's" and "2 calibration texts" in meta["tokenizer_check"]
     assert (tmp_path / "a" / "tokenizer.json").is_file() and not (tmp_path / "a" / "model.gguf").exists()
     assert gguf_artifact.gguf_path(tmp_path / "a") == user

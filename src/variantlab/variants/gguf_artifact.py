@@ -57,6 +57,7 @@ def build_gguf_artifact(source: str | Path, config: dict, out_dir: str | Path, *
         timings: dict[str, float] = {}
         if config.get("gguf_file"):
             gguf = Path(config["gguf_file"])
+            _settle(gguf, timings)      # the user's file is read, never written: its bytes and mtime stay
             same, why = same_vocabulary(gguf, source, calibration_texts) if source.is_dir() else (False, "no checkpoint")
             tokenizer = "the checkpoint's" if same else TOKENIZER_OWN
             made = {"gguf_file": str(gguf), "file": {"bytes": gguf.stat().st_size, "sha256": file_sha256(gguf)},
@@ -66,9 +67,7 @@ def build_gguf_artifact(source: str | Path, config: dict, out_dir: str | Path, *
         else:
             gguf, gguf_type = tmp / GGUF_FILE, config["gguf_type"]
             _make(source, gguf_type, gguf, tmp, threads, converter, timings)
-            t = time.perf_counter()
-            as_read_from_disk(gguf)     # held as llama.cpp finds a GGUF read from disk, not as just written
-            timings["page_cache_s"] = time.perf_counter() - t
+            _settle(gguf, timings)
             _copy_tokenizer(source, tmp)
             tokenizer = "the checkpoint's"
             made = {"gguf_type": gguf_type}
@@ -85,6 +84,14 @@ def build_gguf_artifact(source: str | Path, config: dict, out_dir: str | Path, *
         meta = sealed(meta, tmp, besides=META_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1), encoding="utf-8")
     return meta
+
+
+def _settle(gguf: Path, timings: dict) -> None:
+    """Hold the GGUF in the page cache as llama.cpp finds a file read from disk, not as just written (ours was
+    written a moment ago; a user's may have been too, by llama.cpp's converter or a download): page_cache.py."""
+    t = time.perf_counter()
+    as_read_from_disk(gguf)
+    timings["page_cache_s"] = time.perf_counter() - t
 
 
 def _make(source: Path, gguf_type: str, out: Path, tmp: Path, threads: int, converter, timings: dict) -> None:
