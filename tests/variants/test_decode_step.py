@@ -62,6 +62,14 @@ def test_the_team_computes_what_one_thread_computes(our_kernels, qwen2_dir, reci
     step (kernels/decode_step.cpp); 3 threads split every step unevenly. The logits of each step are the same,
     bit for bit, as one thread's (which runs the layers one kernel call at a time)."""
     ours, _ = engines(qwen2_dir, recipe, options)
+    got = logits_by_threads(ours)
+    assert got[1].shape[0] == 4
+    assert torch.isfinite(got[1]).all()
+    assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[3])
+
+
+def logits_by_threads(ours) -> dict[int, torch.Tensor]:
+    """The logits of 4 decode steps after a 4-token prompt, with 1, 2 and 3 threads."""
     ids = torch.tensor([[5, 9, 11, 3]])
     before = torch.get_num_threads()
     logits: list[torch.Tensor] = []
@@ -81,8 +89,37 @@ def test_the_team_computes_what_one_thread_computes(our_kernels, qwen2_dir, reci
     finally:
         hook.remove()
         torch.set_num_threads(before)
-    assert got[1].shape[0] == 4
-    assert torch.isfinite(got[1]).all()
+    return got
+
+
+def test_a_layer_whose_linears_each_run_another_kernel(our_kernels, qwen2_dir):
+    """What `mixed` can make: within one layer, w4a8 of group sizes 32 and 64, w8a8, symmetric w4a8, int4 and int8
+    weight-only (their bf16 activations as two int8 digits). The step decodes transformers' tokens, and the team
+    the same logits as one thread."""
+    from variantlab.variants.quant_linear import W4A8, Int4WeightOnly, Int8WeightOnly, W8A8
+    made = {"q_proj": lambda l: W4A8(l, torch.bfloat16, group_size=32),
+            "k_proj": lambda l: W4A8(l, torch.bfloat16, group_size=64),
+            "v_proj": lambda l: W8A8(l, torch.bfloat16),
+            "o_proj": lambda l: W4A8(l, torch.bfloat16, group_size=32, symmetric=True),
+            "gate_proj": lambda l: Int4WeightOnly(l, torch.bfloat16, group_size=32),
+            "up_proj": lambda l: Int8WeightOnly(l, torch.bfloat16),
+            "down_proj": lambda l: W4A8(l, torch.bfloat16, group_size=64)}
+    built = build(qwen2_dir, VariantDefinition("bf16", "bf16"), "cpu")
+    for layer in built.model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, make in made.items():
+                if hasattr(parent, name):
+                    setattr(parent, name, make(getattr(parent, name)))
+    ours = TorchEngine(built.model, built.tokenizer, "cpu", "test")
+    theirs = TorchEngine(built.model, built.tokenizer, "cpu", "test", decode_step=False)
+    assert ours.step is not None, ours.step_note
+    from variantlab.variants.decode_step import INT4_DIGITS, INT8, W4A8 as W4A8_KIND, W8A8 as W8A8_KIND
+    layer0 = [tuple(ours.step.ints[3 * i:3 * i + 2]) for i in range(7)]    # (kind, group size) of q … down
+    assert layer0 == [(W4A8_KIND, 32), (W4A8_KIND, 64), (W8A8_KIND, 0), (W4A8_KIND, 32), (INT4_DIGITS, 32),
+                      (INT8, 0), (W4A8_KIND, 64)]
+    for n in (1, 2):
+        assert tokens(ours, requests(n)) == tokens(theirs, requests(n))
+    got = logits_by_threads(ours)
     assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[3])
 
 
