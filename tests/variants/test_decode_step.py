@@ -93,9 +93,9 @@ def logits_by_threads(ours) -> dict[int, torch.Tensor]:
 
 
 def test_a_layer_whose_linears_each_run_another_kernel(our_kernels, qwen2_dir):
-    """What `mixed` can make: within one layer, w4a8 of group sizes 32 and 64, w8a8, symmetric w4a8, int4 and int8
-    weight-only (their bf16 activations as two int8 digits). The step decodes transformers' tokens, and the team
-    the same logits as one thread."""
+    """One layer of every kernel kind that quantizes its input (as `mixed` mixes int4, int8 and bf16 linears): w4a8
+    of group sizes 32 and 64, w8a8, symmetric w4a8, int4 and int8 weight-only (bf16 activations as two int8
+    digits). The step decodes transformers' tokens, and the team gives one thread's logits."""
     from variantlab.variants.quant_linear import W4A8, Int4WeightOnly, Int8WeightOnly, W8A8
     made = {"q_proj": lambda l: W4A8(l, torch.bfloat16, group_size=32),
             "k_proj": lambda l: W4A8(l, torch.bfloat16, group_size=64),
