@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from variantlab.measure.executor import LocalProcessExecutor, Task
+from variantlab.measure.executor import CHILDREN_EVERY_S, GroupMemory, LocalProcessExecutor, Task, _wait
 from variantlab.measure.limits import Limits
 from variantlab.measure.wire import (BuildJob, BuildRecord, MeasureJob, MeasurementRecord, TrackerJob,
                                      decode_job, encode_result)
@@ -152,6 +154,40 @@ def test_a_worker_group_past_max_memory_is_ended_and_failed_with_its_size(tmp_pa
 def test_a_worker_under_max_memory_finishes(tmp_path):
     record, _ = run(tmp_path, GOOD_WORKER, shell=False, max_memory=2 * 2**30)
     assert record.status == "ok"
+
+
+def own_switches() -> int:
+    """This thread's voluntary context switches so far (Linux)."""
+    status = Path(f"/proc/self/task/{threading.get_native_id()}/status").read_text()
+    return int(next(ln for ln in status.splitlines() if ln.startswith("voluntary_ctxt_switches")).split()[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+def test_waiting_for_a_worker_without_a_memory_limit_sleeps_until_it_ends():
+    """The bench's process shares the machine with the worker it measures: it must not wake while it waits
+    (Popen.wait with a timeout wakes up to 20 times a second)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    before = own_switches()
+    assert _wait(proc, 60, None) == 0
+    assert own_switches() - before < 10
+
+
+def test_the_memory_limit_looks_up_the_workers_descendants_twice_a_second_not_at_every_sample():
+    """Finding a process's descendants scans every process of the machine; reading their resident sets is cheap."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        group = GroupMemory(proc.pid)
+        lookups = []
+        children = group.root.children
+        group.root.children = lambda **kw: lookups.append(1) or children(**kw)
+        sizes = [group.rss() for _ in range(20)]
+        assert len(lookups) == 1 and all(s > 0 for s in sizes)
+        group.found_at -= CHILDREN_EVERY_S
+        group.rss()
+        assert len(lookups) == 2
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_run_all_runs_a_stream_in_order_taking_each_task_after_the_last_result(tmp_path):
