@@ -160,15 +160,10 @@ class MemoryLimitExceeded(Exception):
     """The worker's process group held more resident memory than its limit."""
 
 
-def group_rss(pid: int) -> int:
-    """Resident bytes of a process and all its descendants (0 once it is gone)."""
-    return GroupMemory(pid).rss()
-
-
 class GroupMemory:
     """The resident set of a worker's process group, read cheaply enough to sample it every MEMORY_POLL_S beside a
-    measurement. Finding a process's descendants scans every process of the machine (psutil's children(): about
-    1 ms of CPU here), which 40 times a second took 4% of a core from the 2-core machine being measured; so the
+    measurement. Finding a process's descendants scans every process of the machine (psutil's children(): 1.1 to
+    1.8 ms of CPU here), which 40 times a second took 4-7% of a core from the 2-core machine being measured; so the
     descendants are looked up every CHILDREN_EVERY_S, and each sample reads only the known processes' own
     resident sets (/proc/PID/statm). A process started in between counts from the next look-up."""
 
