@@ -61,3 +61,14 @@ def test_without_posix_fadvise_it_leaves_the_cache_alone(tmp_path, monkeypatch):
     monkeypatch.delattr(os, "posix_fadvise", raising=False)
     assert page_cache.as_read_from_disk(path) is False
     assert path.read_bytes() == b"GGUF" * 10
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="reads nothing without posix_fadvise")
+def test_the_bytes_read_feed_a_digest_so_a_caller_hashes_the_file_in_the_same_pass(tmp_path):
+    import hashlib
+    path = tmp_path / "model.gguf"
+    data = os.urandom(2 * page_cache.CHUNK + 777)               # two whole reads and a short last one
+    path.write_bytes(data)
+    digest = hashlib.sha256()
+    assert page_cache.as_read_from_disk(path, digest) is True
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest()

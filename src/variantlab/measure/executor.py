@@ -169,7 +169,6 @@ class GroupMemory:
 
     def __init__(self, pid: int):
         import psutil
-        self.pid = pid
         try:
             self.root = psutil.Process(pid)
         except psutil.Error:

@@ -19,6 +19,7 @@ compare). Like variants/artifact.py, checking (`gguf_problem`) never imports lla
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -57,10 +58,11 @@ def build_gguf_artifact(source: str | Path, config: dict, out_dir: str | Path, *
         timings: dict[str, float] = {}
         if config.get("gguf_file"):
             gguf = Path(config["gguf_file"])
-            _settle(gguf, timings)      # the user's file is read, never written: its bytes and mtime stay
+            digest = hashlib.sha256()   # hashed as it is settled: the user's file is read once, never written
+            sha256 = digest.hexdigest() if _settle(gguf, timings, digest) else file_sha256(gguf)
             same, why = same_vocabulary(gguf, source, calibration_texts) if source.is_dir() else (False, "no checkpoint")
             tokenizer = "the checkpoint's" if same else TOKENIZER_OWN
-            made = {"gguf_file": str(gguf), "file": {"bytes": gguf.stat().st_size, "sha256": file_sha256(gguf)},
+            made = {"gguf_file": str(gguf), "file": {"bytes": gguf.stat().st_size, "sha256": sha256},
                     "tokenizer_check": why}
             if same:
                 _copy_tokenizer(source, tmp)
@@ -86,12 +88,14 @@ def build_gguf_artifact(source: str | Path, config: dict, out_dir: str | Path, *
     return meta
 
 
-def _settle(gguf: Path, timings: dict) -> None:
+def _settle(gguf: Path, timings: dict, digest=None) -> bool:
     """Hold the GGUF in the page cache as llama.cpp finds a file read from disk, not as just written (ours was
-    written a moment ago; a user's may have been too, by llama.cpp's converter or a download): page_cache.py."""
+    written a moment ago; a user's may have been too, by llama.cpp's converter or a download): page_cache.py.
+    Whether it was read through (and `digest` fed its bytes)."""
     t = time.perf_counter()
-    as_read_from_disk(gguf)
+    read = as_read_from_disk(gguf, digest)
     timings["page_cache_s"] = time.perf_counter() - t
+    return read
 
 
 def _make(source: Path, gguf_type: str, out: Path, tmp: Path, threads: int, converter, timings: dict) -> None:

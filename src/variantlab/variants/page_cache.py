@@ -22,9 +22,10 @@ from pathlib import Path
 CHUNK = 8 << 20     # bytes a read asks for: a multiple of any readahead window
 
 
-def as_read_from_disk(path: str | Path) -> bool:
+def as_read_from_disk(path: str | Path, digest=None) -> bool:
     """Drop `path` from the page cache and read it through once; whether it could (False where the platform has
-    no posix_fadvise)."""
+    no posix_fadvise, and nothing was read). digest: a hashlib object that the bytes read are fed to, so that a
+    caller who needs the file's hash does not read it a second time."""
     if not hasattr(os, "posix_fadvise"):
         return False
     fd = os.open(path, os.O_RDONLY)
@@ -33,8 +34,10 @@ def as_read_from_disk(path: str | Path) -> bool:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         buf = bytearray(CHUNK)
-        while os.readv(fd, [buf]):
-            pass
+        view = memoryview(buf)
+        while n := os.readv(fd, [buf]):
+            if digest is not None:
+                digest.update(view[:n])
     finally:
         os.close(fd)
     return True
