@@ -123,7 +123,9 @@ def step_environment(check: Check, limit: float) -> StepResult:
 def step_cuda_tests(check: Check, limit: float) -> StepResult:
     r = StepResult("cuda-tests")
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_cuda_*.py"))
-    ran = run(check, python("-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfEs", "--durations=5", *files), limit)
+    # addopts emptied: one process (the device may lack pytest-xdist), and the "-v" lines counted below
+    ran = run(check, python("-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider", "-rfEs", "--durations=5",
+                            *files), limit)
     r.seconds, r.status = ran.seconds, status_of(ran)
     # one line a test as it finishes ("tests/x.py::test_y[a] PASSED [ 3%]"): counted even if the run is cut off
     outcomes = dict(re.findall(r"^(tests/\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", ran.stdout, re.M))

@@ -23,9 +23,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # --- tests marked `cuda`: collected everywhere, skipped with the reason where torch sees no CUDA device
 
-_CUDA_SKIPPED = pytest.StashKey[tuple[int, str]]()
-
-
 def cuda_unavailable_reason() -> str | None:
     """Why the `cuda` tests cannot run here (None: they can)."""
     import torch
@@ -43,11 +40,18 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in marked:
         item.add_marker(pytest.mark.skip(reason=reason))
-    config.stash[_CUDA_SKIPPED] = (len(marked), reason)
+
+
+def cuda_skips(reports) -> tuple[int, str]:
+    """How many of these test reports are `cuda` tests skipped for want of a device, and why (the first's reason).
+    Counted from the reports, which the test processes (pytest-xdist's included) send to the one that prints."""
+    reasons = [rep.longrepr[2] for rep in reports
+               if "cuda" in rep.keywords and isinstance(rep.longrepr, tuple) and "needs a CUDA device" in rep.longrepr[2]]
+    return len(reasons), (reasons[0].removeprefix("Skipped: ") if reasons else "")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    n, reason = config.stash.get(_CUDA_SKIPPED, (0, ""))
+    n, reason = cuda_skips(terminalreporter.stats.get("skipped", []))
     if n:
         terminalreporter.write_line(f"{n} tests marked cuda skipped: {reason}")
 
