@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
@@ -169,6 +170,7 @@ class GroupMemory:
 
     def __init__(self, pid: int):
         import psutil
+        self.psutil = psutil    # imported once, not at each sample
         try:
             self.root = psutil.Process(pid)
         except psutil.Error:
@@ -177,9 +179,7 @@ class GroupMemory:
         self.found_at = float("-inf")
 
     def rss(self) -> int:
-        import time
-
-        import psutil
+        psutil = self.psutil
         if self.root is None:
             return 0
         now = time.monotonic()
@@ -205,7 +205,6 @@ def _wait(proc: subprocess.Popen, timeout_s: float, max_memory: int | None) -> i
     the measurement."""
     if max_memory is None:
         return _exited(proc, timeout_s)
-    import time
     group = GroupMemory(proc.pid)
     deadline = time.monotonic() + timeout_s
     while True:
