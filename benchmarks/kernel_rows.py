@@ -1,4 +1,4 @@
-"""One row at a time or four: how our M = 1 kernels read a model's weights (variants/kernels/gemv_avx512.cpp).
+"""One row at a time or four: how our M = 1 AVX-512 kernels read a model's weights (variants/kernels/gemv_avx512.cpp).
 
 Builds the kernels twice, as shipped and with -DVK_NO_ROW1 (four rows at once, the layout before issue 25), each
 in a namespace of its own, then runs every linear of a model's decode step at M = 1 (16 layers of a hidden-768,
@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from variantlab.variants.kernels._build import CFLAGS, SOURCE
+from variantlab.variants.kernels import _build
+from variantlab.variants.kernels._build import AVX512, OPS_SOURCE
 
 BUILDS = {"four rows (-DVK_NO_ROW1)": ["-DVK_NO_ROW1"], "one row (shipped)": []}
 OPS = ("fp32", "bf16", "int8", "w8a8")
@@ -28,7 +29,8 @@ OPS = ("fp32", "bf16", "int8", "w8a8")
 
 def load(name: str, extra: list[str], folder: str) -> None:
     from torch.utils import cpp_extension
-    cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(CFLAGS) + extra + [f"-DVK_NS={name}"],
+    cpp_extension.load(name=name, sources=[str(AVX512.source), str(OPS_SOURCE)],
+                       extra_cflags=list(AVX512.cflags) + extra + [f"-DVK_NS={name}"],
                        extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=folder, verbose=False)
 
 
@@ -48,6 +50,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if _build.ISA is not AVX512:
+        raise SystemExit("kernel_rows.py compares two builds of gemv_avx512.cpp: it needs a CPU with "
+                         + ", ".join(AVX512.cpu_flags) + " (this one has not all of them)")
     torch.set_num_threads(args.threads)
     h, i = args.hidden, args.intermediate
     shapes = [(h, h)] * 4 + [(i, h), (i, h), (h, i)]

@@ -125,7 +125,7 @@ def switch_off_our_kernels(monkeypatch) -> None:
     from variantlab.variants import kernels
 
     monkeypatch.setattr(kernels, "_status", kernels.KernelStatus(
-        False, "our AVX-512 kernels are off: switched off for this test; aten runs instead"))
+        False, "our CPU kernels are off: switched off for this test; aten runs instead"))
 
 
 @pytest.fixture

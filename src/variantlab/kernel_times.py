@@ -2,7 +2,7 @@
 
 One linear layer of a representative shape (the suite model's hidden → intermediate projection, or
 1024 → 1024 for `variantlab hw`) is built the way each recipe builds it — the recipe's own `apply`
-on a one-layer nn.Sequential, then `use_decode_kernels`, so our AVX-512 kernels run exactly where a
+on a one-layer nn.Sequential, then `use_decode_kernels`, so our CPU kernels run exactly where a
 built variant runs them — and timed at M = 1 … 256 activation rows (M = 1 is single-stream decode,
 M = batch size is batched decode, M = batch × prompt tokens is prefill).
 

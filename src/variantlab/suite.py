@@ -120,7 +120,7 @@ class VariantSpec(_Frozen):
     compile: bool | None = Field(None, description="true: torch.compile transformers' decode step (static shapes; "
                                  "its compile time reported apart from warm figures); false: transformers' eager "
                                  "modules every step; absent or null: variantlab's decode step where it runs the "
-                                 "model (Llama, Mistral, Qwen2 on an AVX-512 CPU), else transformers' eager modules, "
+                                 "model (Llama, Mistral, Qwen2 on an AVX-512 or AVX2 CPU), else transformers' eager modules, "
                                  "or what recipe: auto chooses")
     backend: str = Field("torch", description=f"the runtime it runs on: {backend_help()}",
                          json_schema_extra=lambda schema: schema.update(enum=list(backend_names())))

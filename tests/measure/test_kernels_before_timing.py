@@ -83,7 +83,7 @@ def test_a_worker_that_had_to_wait_for_a_build_leaves_it_out_of_its_cold_start_a
     assert cold["kernels_build_s"] >= 0.5
     stages = ("import_s", "tokenizer_s", "load_s", "first_token_s")
     assert cold["total_s"] == pytest.approx(sum(cold[s] for s in stages))
-    assert any(n.startswith("our AVX-512 kernels are off in this process: pid ") for n in record.notes)
+    assert any(n.startswith("our CPU kernels are off in this process: pid ") for n in record.notes)
     comparison = analyse([ColdStart()], ["fp32"], "fp32", [], [record], lambda sha: b"")
     assert any(w.startswith("fp32: its worker had to build variantlab's CPU kernels") and w.endswith("(round 2)")
                for w in comparison.warnings), comparison.warnings

@@ -264,7 +264,7 @@ def test_a_wait_that_gives_up_leaves_aten_running_and_says_why(tiny_kernels, mon
     with _cache.build_lock(folder, "holder", 1, said.append):
         st = kernels.prepare(said.append)
     assert not st.available and st.waited_s >= 0.5 and st.built_here
-    assert st.reason.startswith(f"our AVX-512 kernels are off in this process: pid {os.getpid()} since ")
+    assert st.reason.startswith(f"our CPU kernels are off in this process: pid {os.getpid()} since ")
     assert st.reason.endswith(f"is building it in {folder}, still after 0.5 s of waiting; aten runs instead")
     assert said[0].startswith("waiting for variantlab's CPU kernels: ") and said[-1] == st.reason
 
@@ -274,7 +274,7 @@ def test_variantlab_kernels_0_still_switches_them_off_before_any_build(tiny_kern
     monkeypatch.setenv(_build.SWITCH, "0")
     said = []
     st = kernels.prepare(said.append)
-    assert not st.available and st.reason == "our AVX-512 kernels are off: switched off (VARIANTLAB_KERNELS=0); " \
+    assert not st.available and st.reason == "our CPU kernels are off: switched off (VARIANTLAB_KERNELS=0); " \
                                              "aten runs instead"
     assert said == [] and not (tmp_path / "cache").exists()       # nothing compiled, nothing written
 

@@ -126,9 +126,23 @@ def test_the_ops_trace_under_fake_tensors(our_kernels):
 
 def test_why_they_cannot_run_is_said_before_any_compiling(monkeypatch):
     monkeypatch.delenv(_build.SWITCH, raising=False)
-    assert _build.missing_requirement(flags=set()).startswith("the CPU lacks avx512f")
+    assert _build.missing_requirement(flags=set()).startswith("the CPU lacks avx2, fma, f16c")
+    assert _build.missing_requirement(flags={"avx2", "f16c", "avx512f"}).startswith("the CPU lacks fma (")
     monkeypatch.setenv(_build.SWITCH, "0")
     assert _build.missing_requirement() == f"switched off ({_build.SWITCH}=0)"
+
+
+def test_each_cpu_builds_the_first_instruction_set_it_has():
+    """AVX-512 with BF16 and VNNI takes gemv_avx512.cpp; AVX2 + FMA (an AVX-512 CPU without VNNI too) gemv_avx2.cpp."""
+    avx2 = {"avx2", "fma", "f16c"}
+    assert _build.isa_for(avx2 | set(_build.AVX512.cpu_flags)) is _build.AVX512
+    assert _build.isa_for(avx2 | {"avx512f", "avx512bw", "avx512vl"}) is _build.AVX2
+    assert _build.isa_for(avx2) is _build.AVX2
+    assert _build.isa_for({"avx2", "f16c"}) is None
+    assert _build.isa_for(avx2).source.name == "gemv_avx2.cpp"
+    ext = _build.AVX2.extension()   # one library: the ISA's kernels, the ops over them, the decode step
+    assert [s.name for s in ext.sources] == ["gemv_avx2.cpp", "decode_step.cpp", "ops.cpp"]
+    assert {h.name for h in ext.headers} == {"vk.h", "common.h"} and "-mavx2" in ext.cflags
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -146,3 +160,24 @@ def test_decode_attention_equals_sdpa(our_kernels, dtype, b, h, hkv, length, d):
         ref = torch.nn.functional.scaled_dot_product_attention(
             q.float(), kf, vf, attn_mask=None if mask is None else mask[:, None, None, :]).transpose(1, 2)
         _close(vk.decode_attention(q, k, v, mask, d ** -0.5), ref.to(dtype), dtype)
+
+
+def test_every_file_a_build_reads_is_in_its_key_and_ships_in_the_package():
+    """Each source's own #include "…" is one of the extension's headers (so an edited header makes a new build
+    folder, _cache.build_key), and every source and header matches pyproject's package-data (a wheel has them)."""
+    import fnmatch
+    import re
+    import tomllib
+    from pathlib import Path
+
+    import variantlab
+
+    pkg = Path(variantlab.__file__).parent
+    pyproject = pkg.parents[1] / "pyproject.toml"
+    patterns = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["variantlab"]
+    for isa in _build.ISAS:
+        ext = isa.extension()
+        headers = {h.name for h in ext.headers}
+        for f in (*ext.sources, *ext.headers):
+            assert set(re.findall(r'#include "([^"]+)"', f.read_text())) <= headers, f.name
+            assert any(fnmatch.fnmatch(f.relative_to(pkg).as_posix(), p) for p in patterns), f.name

@@ -2,7 +2,7 @@
 
 `with_decode_kernels(model, facts)` runs at the end of `variants.build.build` and of
 `artifact.load_artifact`, so every measured variant, `variantlab build` and the peer benchmark take
-the same path. Where our kernels run (an AVX-512 BF16 + VNNI CPU with a C++ compiler):
+the same path. Where our kernels run (an AVX-512 BF16 + VNNI or an AVX2 + FMA CPU with a C++ compiler):
 - plain fp32/bf16 linears become KernelLinear (variants/kernel_linear.py: ours at decode shapes);
 - SDPA attention becomes ours at one query position (variants/kernel_attention.py);
 - the quantized modules (variants/quant_linear.py) pick ours per call on their own, and W4A8 holds
@@ -18,11 +18,13 @@ from __future__ import annotations
 from torch import nn
 
 from . import kernels as vk
-from .kernel_attention import LABEL as ATTENTION_LABEL
+from .kernel_attention import LABELS as ATTENTION_LABELS
 from .kernel_attention import use_decode_attention
 from .kernel_linear import FLOAT_OPS, KernelLinear, swap_linears
 
-SUFFIX = " (AVX-512)"
+SUFFIX = f" ({vk.ISA_NAME})"   # this machine's; an artifact may carry another's (SUFFIXES)
+SUFFIXES = tuple(f" ({isa.name})" for isa in vk.ISAS)
+OFF_PREFIXES = (vk.OFF, "our AVX-512 kernels")   # (the second: artifacts built before the AVX2 kernels)
 
 
 def use_decode_kernels(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -46,7 +48,7 @@ def with_decode_kernels(model: nn.Module, facts):
     # W4A8's and int4's layouts are this machine's choice (made at load): their labels and notes are read from
     # the modules
     w4a8 = [m for m in model.modules() if isinstance(m, (W4A8, Int4WeightOnly)) and m.path == "kernel"]
-    stale = {W4A8.OURS_LABEL, W4A8.GROUP_MAJOR_LABEL, W4A8.GROUP_MAJOR_NOTE, Int4WeightOnly.OURS_LABEL,
+    stale = {*W4A8.OURS_LABELS, W4A8.GROUP_MAJOR_LABEL, W4A8.GROUP_MAJOR_NOTE, *Int4WeightOnly.OURS_LABELS,
              "aten::_weight_int4pack_mm_for_cpu"} if w4a8 else set()
     kernels = tuple(dict.fromkeys(m.kernel for m in w4a8)) + tuple(
         k for k in facts.kernels if not is_decode_label(k) and k not in stale)
@@ -58,8 +60,8 @@ def with_decode_kernels(model: nn.Module, facts):
 
 def is_decode_label(text: str) -> bool:
     """A label or note `use_decode_kernels` wrote (so a reloaded artifact can replace its build machine's)."""
-    return ((text.startswith("variantlab ") and text.endswith(SUFFIX)) or text.startswith("our AVX-512 kernels")
-            or text == ATTENTION_LABEL)
+    return ((text.startswith("variantlab ") and text.endswith(SUFFIXES)) or text.startswith(OFF_PREFIXES)
+            or text in ATTENTION_LABELS)
 
 
 def decode_kernel_labels(model: nn.Module) -> tuple[str, ...]:

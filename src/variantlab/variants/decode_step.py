@@ -20,7 +20,7 @@ from torch import nn
 
 from . import kernels as vk
 
-LABEL = "variantlab decode step (every decoder layer in one C++ call, AVX-512)"
+LABEL = f"variantlab decode step (every decoder layer in one C++ call, {vk.ISA_NAME})"
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
 ATTENTIONS = ("sdpa", "eager", "variantlab_decode")   # implementations that read transformers' own cache

@@ -21,7 +21,9 @@ from . import kernels as vk
 
 IMPLEMENTATION = "variantlab_decode"
 REPLACES = "sdpa"
-LABEL = "variantlab decode_attention at one query position (AVX-512)"  # ends as decode_kernels.SUFFIX
+LABEL_OF = "variantlab decode_attention at one query position ({})"   # ends as decode_kernels.SUFFIX
+LABEL = LABEL_OF.format(vk.ISA_NAME)
+LABELS = tuple(LABEL_OF.format(isa.name) for isa in vk.ISAS)
 _UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks")
 
 

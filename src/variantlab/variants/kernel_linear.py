@@ -1,6 +1,6 @@
 """Our decode GEMV under a model's plain nn.Linear layers.
 
-On a CPU where our kernels run (variants/kernels: AVX-512 BF16 + VNNI, a C++ compiler),
+On a CPU where our kernels run (variants/kernels: AVX-512 BF16 + VNNI or AVX2 + FMA, a C++ compiler),
 `swap_linears(model)` makes every nn.Linear whose weight is fp32 or bf16 a `KernelLinear`: the same
 module with the same parameters and state_dict (its class is swapped in place; nothing is copied),
 whose calls with few activation rows (decode: one row per sequence; up to where ours beats aten,

@@ -25,7 +25,7 @@ name suggests (a fallback, padding, an unpacked layout).
 |                   | our kernels: torch._int_mm per int4 group         |                                       |
 | Sparse24Int8      | (none: recipe unsupported on CPU)                 | torch._cslt_sparse_mm (cuSPARSELt)    |
 
-"ours" are variants/kernels' AVX-512 kernels, used where they run (`kernels.available()`, checked per
+"ours" are variants/kernels' kernels (AVX-512 or AVX2), used where they run (`kernels.available()`, checked per
 call, so one module serves machines with and without them); Int4WeightOnly keeps aten's kernel, which
 ours only matched (benchmarks/decode_kernels.py).
 
@@ -56,8 +56,8 @@ so an artifact holds the stored form and loading converts it once, to the layout
 W4A8 has no usable aten kernel on x86 CPU: aten::_dyn_quant_matmul_4bit exists, but outside
 Arm/KleidiAI it is a scalar reference loop for symmetric weights only (measured here at 1024×1024:
 10x bf16 at M = 1, 68x at M = 8). Ours (variants/kernels, w4a8_mm) multiplies the packed nibbles
-by int8 activations with VNNI dot products, 5-14x faster than the fallback below at M = 1 and
-3-4x at M = 256. Without it (no AVX-512 VNNI), the fallback computes, per group g of the K axis,
+by int8 activations with VNNI dot products (AVX2: maddubs), 5-14x faster than the fallback below at M = 1 and
+3-4x at M = 256. Without it (our kernels off), the fallback computes, per group g of the K axis,
 P_g = xq[:, g] @ (q[:, g] − 8)ᵀ in int32 with torch._int_mm, then
 y = a · Σ_g (s_g · P_g + z_g · Σ_k xq[:, g]) — G = K/group_size kernel calls per layer. _int_mm has no
 int4 operand, so that path reads the int4 values unpacked as int8 (8 + 32/group_size bits a weight
@@ -416,12 +416,13 @@ class Int4WeightOnly(_GroupWise):
     The kernel path holds one of two resident layouts, chosen when the module is built or loaded: where our
     kernels run and the activations are bf16, W4A8's packed layout (`packed` + `scales_zeros`, 4 bits a weight)
     read by our int4_digits_mm at every M (the activations enter VNNI dot products as two int8 digits a value:
-    16-bit fixed point per row, whose error is below bf16's own rounding; kernels/gemv_avx512.cpp); elsewhere
+    16-bit fixed point per row, whose error is below bf16's own rounding; kernels/gemv_*.cpp); elsewhere
     aten's int4pack layout (`packed` + `scales_and_zeros`) for aten::_weight_int4pack_mm(_for_cpu). Ours stores
     the nibbles, scales and zeros (the python path's tensors) and makes its layout at load; aten's layout is
     stored as it is, and an artifact that holds it (built where ours do not run, or before) keeps aten's kernel."""
 
-    OURS_LABEL = "variantlab int4_digits_mm (AVX-512 VNNI) on int4 read packed, at every M"
+    OURS_LABELS = tuple(f"variantlab int4_digits_mm ({isa.int_label}) on int4 read packed, at every M" for isa in vk.ISAS)
+    OURS_LABEL = OURS_LABELS[vk.ISAS.index(vk.ISA)] if vk.ISA else OURS_LABELS[0]   # this machine's
     stored_as = "aten"   # or "nibbles": what state_dict() holds (an artifact from before records neither: aten)
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel", group_size: int = 64,
@@ -511,11 +512,12 @@ class W4A8(_GroupWise):
     """int4 group-wise asymmetric weights × int8 per-token symmetric activations (the analysis's "Flash").
 
     The kernel path holds one of two resident layouts, chosen when the module is built or loaded:
-    where our kernels run (an AVX-512 VNNI CPU), `packed` + `scales_zeros` (kernels/packing.py:
+    where our kernels run (an AVX-512 VNNI or AVX2 CPU), `packed` + `scales_zeros` (kernels/packing.py:
     4 bits a weight, as stored) read by our w4a8_mm at every M; elsewhere, the int4 values unpacked
     as int8 per group [G, N, gs] for one torch._int_mm per group (8 bits a weight resident)."""
 
-    OURS_LABEL = "variantlab w4a8_mm (AVX-512 VNNI) on int4 read packed, at every M"
+    OURS_LABELS = tuple(f"variantlab w4a8_mm ({isa.int_label}) on int4 read packed, at every M" for isa in vk.ISAS)
+    OURS_LABEL = OURS_LABELS[vk.ISAS.index(vk.ISA)] if vk.ISA else OURS_LABELS[0]   # this machine's
     GROUP_MAJOR_LABEL = "ours: torch._int_mm per int4 group (int8 activations)"
     GROUP_MAJOR_NOTE = ("w4a8 has no aten kernel here: ours runs one torch._int_mm per group "
                         "(in_features / group_size calls a layer) and holds the int4 values unpacked as int8: "

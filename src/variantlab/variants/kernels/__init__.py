@@ -2,8 +2,12 @@
 
 Measured on the build machine (benchmarks/decode_kernels.py has the figures and the command): at
 M = 1, aten's bf16 linear, int8 `_weight_int8pack_mm` and int4 `_weight_int4pack_mm_for_cpu` read
-their weights well below the machine's memory bandwidth; these AVX-512 kernels (gemv_avx512.cpp,
-one file, built on first use by _build.py) read at it.
+their weights well below the machine's memory bandwidth; these kernels read at it. They come in one
+C++ source per instruction set, the same API (vk.h) and layouts: gemv_avx512.cpp (AVX-512 BF16 + VNNI)
+and gemv_avx2.cpp (AVX2 + FMA: llama.cpp's sign trick, maddubs, where VNNI would run); _build.py
+builds the one this CPU runs on first use (`ISA`). The thresholds below were measured on the AVX-512
+machine; on the AVX2 one the same run (2026-12-06) gave ours 1.4-2.6x aten's for fp32 and bf16 at M = 1
+and 4, int8_mm 1.2-1.9x at M = 1 but 0.74-0.93x at M = 4, w8a8_mm 8-25x, w4a8_mm 24-64x.
 
 | op (torch.ops.variantlab_kernels.*) | weights it reads                 | activations | replaces at M ≤ 8 |
 |-------------------------------------|----------------------------------|-------------|-------------------|
@@ -19,7 +23,7 @@ one file, built on first use by _build.py) read at it.
 
 Each op equals its reference in packing.py (plain PyTorch, fp32 from the dequantized weight) up to
 fp32 summation order; tests/variants/test_kernels.py checks it on odd shapes. `status()` says
-whether they run here and, if not, why (no AVX-512 BF16/VNNI, no compiler, switched off): callers
+whether they run here and, if not, why (neither AVX-512 BF16/VNNI nor AVX2/FMA, no compiler, switched off): callers
 then keep aten, and say so in their notes. `prepare(say)` is status() for the commands that time
 things: called first, in their own process, it makes the one build there (_cache.py keeps it), so
 that their workers only load it.
@@ -31,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from ._build import KernelStatus, load
+from ._build import ISA, ISA_NAME, ISAS, OFF, KernelStatus, load
 from ._cache import to_stderr
 from .packing import pack_int4_bf16, pack_int4_vnni, pack_scales_zeros
 
@@ -59,7 +63,7 @@ def rows_label(op: str) -> str:
     rows = "1 row" if any_k == 1 else f"≤ {any_k} rows"
     return f"{op} at {rows}" + (f" (≤ {small_k} with K ≤ {SMALL_K})" if small_k != any_k else "")
 
-__all__ = ["KernelStatus", "status", "prepare", "available", "fp32_mm", "bf16_mm", "int8_mm", "int8_digits_mm",
+__all__ = ["ISA", "ISA_NAME", "ISAS", "OFF", "KernelStatus", "status", "prepare", "available", "fp32_mm", "bf16_mm", "int8_mm", "int8_digits_mm",
            "int4_mm", "int4_digits_mm", "w8a8_mm",
            "w4a8_mm", "decode_attention", "switched_off", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros",
            "MAX_ROWS", "OURS_UP_TO", "ours_beats_aten", "rows_label"]
@@ -105,7 +109,7 @@ def switched_off(why: str = "switched off"):
     W4A8 built inside holds the group-major layout): for side-by-side comparisons with aten's."""
     global _status
     saved = status()
-    _status = KernelStatus(False, f"our AVX-512 kernels are off: {why}; aten runs instead")
+    _status = KernelStatus(False, f"{OFF} {why}; aten runs instead")
     try:
         yield
     finally:

@@ -4,7 +4,7 @@ torch.utils.cpp_extension.load alone builds into ~/.cache/torch_extensions/<pyth
 one folder for every install, guarded by a `lock` file that a killed build leaves behind and that every
 later process then waits on forever. Here instead:
 
-- **One folder per build**: <root>/<name>-<key>, key = sha256 of the sources' bytes, the compiler and
+- **One folder per build**: <root>/<name>-<key>, key = sha256 of the sources' (and headers') bytes, the compiler and
   linker flags, torch's version and install location, Python's version and the compiler's identity
   (its resolved path, size and mtime). Two installs (two venvs) get two folders and never rebuild over
   each other; an edited source or flag gets a folder of its own.
@@ -23,7 +23,7 @@ later process then waits on forever. Here instead:
   `retry_failed=False` (a measuring worker) raises `FailedBefore` at once instead of compiling again;
   the others (a command starting) retry.
 
-Pure of variantlab: the kernels (_build.py) use it for gemv_avx512.cpp, the tests drive it with small
+Pure of variantlab: the kernels (_build.py) use it for their C++ sources, the tests drive it with small
 sources of their own through the real compiler.
 """
 from __future__ import annotations
@@ -66,6 +66,7 @@ class Extension:
     ldflags: tuple[str, ...] = ()
     title: str = ""                 # in messages: "variantlab's CPU kernels" (default: the name)
     expected_s: float | None = None  # about how long a build takes, for the message before one
+    headers: tuple[Path, ...] = ()  # the sources include them: part of the key, not compiled alone
 
     @property
     def label(self) -> str:
@@ -118,7 +119,7 @@ def build_key(ext: Extension, toolchain: Toolchain) -> str:
     for part in (KEY_VERSION, ext.name, *ext.cflags, "--", *ext.ldflags, "--", toolchain.torch_version,
                  toolchain.torch_dir, toolchain.python, toolchain.compiler):
         h.update(part.encode() + b"\0")
-    for src in ext.sources:
+    for src in (*ext.sources, *ext.headers):
         h.update(Path(src).read_bytes() + b"\0")
     return h.hexdigest()
 

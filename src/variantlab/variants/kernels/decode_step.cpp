@@ -31,26 +31,7 @@
 #include <utility>
 #include <vector>
 
-namespace vk {   // gemv_avx512.cpp; out: a shared output (the team's), or nullptr: made there
-at::Tensor fp32(const at::Tensor& x, const at::Tensor& w, const at::Tensor* out = nullptr);
-at::Tensor bf16(const at::Tensor& x, const at::Tensor& w, const at::Tensor* out = nullptr);
-at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor* out = nullptr);
-at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
-                       const at::Tensor* out = nullptr);
-at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
-                const at::Tensor* out = nullptr);
-at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
-                const at::Tensor* out = nullptr);
-at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
-                       const at::Tensor* out = nullptr);
-at::Tensor attention_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
-                           const c10::optional<at::Tensor>& keep, double scale, const at::Tensor* into = nullptr);
-void silu_mul(at::Tensor& g, const at::Tensor& u);
-void set_team(bool on);
-std::pair<int64_t, int64_t> team_share(int64_t n);
-template <typename T>
-void rms_norm(const T* h, const T* w, int64_t M, int64_t D, float eps, T* out);
-}  // namespace vk
+#include "vk.h"   // the kernels, whichever instruction set's source the library was built with
 
 namespace {
 

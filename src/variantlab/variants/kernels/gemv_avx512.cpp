@@ -29,11 +29,7 @@
 // M > 8 is run in chunks of 8 rows of x (each chunk reads W again): these kernels are for decode;
 // callers keep aten for prefill. Compiled with -mavx512f/bw/vl/bf16/vnni: loading it on a CPU without
 // those is prevented in Python (kernels/_build.py checks the CPU flags first).
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <immintrin.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -41,31 +37,10 @@
 #include <limits>
 #include <vector>
 
+#include "common.h"
+#include "vk.h"
+
 namespace {
-
-constexpr int64_t kMaxM = 8;
-
-// Inside a team (vk::set_team), this thread's share of [0, n): OpenMP's static split; outside, all of it.
-thread_local bool t_team = false;
-
-inline std::pair<int64_t, int64_t> share(int64_t n) {
-  if (!t_team) return {0, n};
-  const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-  return {n * t / nt, n * (t + 1) / nt};
-}
-
-// at::parallel_for, or in a team this thread's share alone (no barrier: the team's caller places them).
-template <typename F>
-void par_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
-  if (!t_team) return at::parallel_for(begin, end, grain, f);
-  const auto [b0, b1] = share(end - begin);
-  if (b0 < b1) f(begin + b0, begin + b1);
-}
-
-// y given (a team's shared output, [M, n] in x's dtype) or made here.
-inline at::Tensor out_or_empty(const at::Tensor* out, int64_t M, int64_t n, const at::Tensor& x) {
-  return out ? *out : at::empty({M, n}, x.options());
-}
 
 // Software prefetch distance (bytes ahead in each weight stream). At M = 1 the int8 and int4 loops
 // issue several instructions per byte of weight, so the out-of-order window alone keeps too few
@@ -83,21 +58,11 @@ inline void prefetch(const void* p) {
 #endif
 }
 
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 inline __m512 load_bf16x16(const uint16_t* p) {  // 16 bf16 → 16 fp32 (exact)
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
-
-template <typename T>
-inline void store(T* p, float v) { *p = static_cast<T>(v); }  // c10::BFloat16(float) rounds to nearest even
 
 template <typename T>
 inline void store16(T* p, __m512 v, __mmask16 mask);
@@ -608,38 +573,6 @@ void attend_one(const T* q, const T* k, const T* v, int64_t L, int64_t D, int64_
   }
 }
 
-// ------------------------------------------------------------------------------------------------
-// Dispatch on M (1..8) at compile time.
-
-template <template <int> class F, typename... A>
-void dispatch_m(int64_t m, A&&... args) {
-  switch (m) {
-    case 1: F<1>::run(args...); break;
-    case 2: F<2>::run(args...); break;
-    case 3: F<3>::run(args...); break;
-    case 4: F<4>::run(args...); break;
-    case 5: F<5>::run(args...); break;
-    case 6: F<6>::run(args...); break;
-    case 7: F<7>::run(args...); break;
-    case 8: F<8>::run(args...); break;
-    default: TORCH_CHECK(false, "M must be 1..8");
-  }
-}
-
-void check_2d(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous 2-D CPU tensor");
-}
-
-// Calls fn(T{}, S{}) for the output dtype T of y and the scale dtype S of s (each bf16 or fp32).
-template <typename Fn>
-void by_dtypes(const at::Tensor& y, const at::Tensor& s, Fn&& fn) {
-  const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
-  if (bf && sbf) fn(at::BFloat16{}, at::BFloat16{});
-  else if (bf) fn(at::BFloat16{}, float{});
-  else if (sbf) fn(float{}, at::BFloat16{});
-  else fn(float{}, float{});
-}
-
 // ---- fp32_mm and bf16_mm: the dense path, with the tensor types of each
 
 template <typename D, typename T>
@@ -668,14 +601,6 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, at::ScalarType dty
   return y;
 }
 
-at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& w) {
-  return dense_mm<Fp32Dense, float>(x, w, at::kFloat, "fp32_mm", "fp32");
-}
-
-at::Tensor bf16_mm(const at::Tensor& x, const at::Tensor& w) {
-  return dense_mm<Bf16Dense, at::BFloat16>(x, w, at::kBFloat16, "bf16_mm", "bf16");
-}
-
 // ---- int8_mm
 
 template <int M>
@@ -690,17 +615,8 @@ struct Int8 {
   }
 };
 
-void check_float(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, name, " must be bf16 or fp32");
-}
-
 at::Tensor int8_mm_out(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor* out) {
-  check_2d(x, "x");
-  check_2d(q, "q");
-  check_float(x, "x");
-  check_float(s, "scales");
-  TORCH_CHECK(q.scalar_type() == at::kChar && x.size(1) == q.size(1), "int8_mm: q must be int8 [N, K], x [M, K]");
-  TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), "int8_mm: scales must be [N]");
+  check_int8(x, q, s, "int8_mm");
   const auto xf = x.to(at::kFloat).contiguous();
   auto y = out_or_empty(out, x.size(0), q.size(0), x);
   for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM)
@@ -758,38 +674,14 @@ struct PackedInt4 {
   };
 };
 
-
-void check_int4(const at::Tensor& packed, const at::Tensor& sz, int64_t K, int64_t gs, int64_t n, int64_t per_byte) {
-  TORCH_CHECK(packed.is_contiguous() && packed.scalar_type() == at::kByte && packed.dim() == 2,
-              "packed must be a contiguous uint8 [N/16, K·8] tensor");
-  TORCH_CHECK(gs > 0 && gs % per_byte == 0 && K % gs == 0, "group_size must divide K and be a multiple of ",
-              per_byte);
-  const int64_t N16 = packed.size(0) * 16, G = K / gs;
-  TORCH_CHECK(packed.size(1) == K * 8, "packed is [N/16, K·8] for K = ", K);
-  TORCH_CHECK(n > 0 && n <= N16, "out_features must be in (0, ", N16, "]");
-  // w4a8's layout (8 k a chunk) also takes the scales alone: symmetric int4, zeros 0 (kernels/packing.py)
-  const bool scales_alone = per_byte == 8 && sz.numel() == N16 * G;
-  TORCH_CHECK(sz.is_contiguous() && (sz.numel() == N16 * G * 2 || scales_alone) &&
-                  (sz.scalar_type() == at::kBFloat16 || sz.scalar_type() == at::kFloat),
-              per_byte == 8 ? "scales_zeros must be bf16/fp32 [N/16, G, 2, 16] or, the scales alone, [N/16, G, 16]"
-                            : "scales_zeros must be bf16/fp32 [N/16, G, 2, 16]");
-}
-
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
   check_2d(x, "x");
   check_float(x, "x");
   const int64_t M = x.size(0), K = x.size(1), G = K / gs;
   check_int4(packed, sz, K, gs, n, 4);
   const int64_t N16 = packed.size(0) * 16;
-  // fp32 x runs as two bf16 rows, hi = bf16(x) and lo = bf16(x − hi): |x − hi − lo| ≤ 2^-16·|x|.
   const bool split = x.scalar_type() == at::kFloat;
-  at::Tensor xb;
-  if (split) {
-    const auto hi = x.to(at::kBFloat16);
-    xb = at::cat({hi, (x - hi.to(at::kFloat)).to(at::kBFloat16)}, 0);
-  } else {
-    xb = x;
-  }
+  const at::Tensor xb = bf16_rows(x);   // fp32 x: two bf16 rows, summed below
   const auto xs = xb.to(at::kFloat).view({xb.size(0), G, gs}).sum(2).contiguous();  // [M', G]
   auto yf = at::empty({xb.size(0), N16}, x.options().dtype(at::kFloat));
   const uint32_t* xp = (const uint32_t*)xb.data_ptr<at::BFloat16>();
@@ -799,8 +691,6 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   if (split) yf = yf.narrow(0, 0, M) + yf.narrow(0, M, M);
   return yf.narrow(1, 0, n).to(x.scalar_type());
 }
-
-at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) { return int8_mm_out(x, q, s, nullptr); }
 
 // ---- activations quantized per token, as variants/quant_packing.quantize_int8_per_token:
 // a = max(amax|x| / 127, FLT_MIN), xq = clamp(round_half_even(x / a), −127, 127).
@@ -872,20 +762,9 @@ struct W8A8 {
 };
 
 at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
-                        const at::Tensor* out = nullptr);
-
-at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) {
-  return w8a8_sums_mm(x, q, s, nullptr);
-}
-
-at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
                         const at::Tensor* out) {
   check_2d(x, "x");
-  check_2d(q, "q");
-  check_float(x, "x");
-  check_float(s, "scales");
-  TORCH_CHECK(q.scalar_type() == at::kChar && x.size(1) == q.size(1), "w8a8_mm: q must be int8 [N, K], x [M, K]");
-  TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), "w8a8_mm: scales must be [N]");
+  check_int8(x, q, s, "w8a8_mm");
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
   std::vector<int8_t> xq(M * Kp, 0);
   std::vector<float> a(M);
@@ -967,13 +846,8 @@ void digits_rows(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, int64
 }
 
 at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
-                               const at::Tensor* out = nullptr) {
-  check_2d(q, "q");
-  check_float(x_, "x");
-  check_float(s, "scales");
-  TORCH_CHECK(x_.dim() == 2 && q.scalar_type() == at::kChar && x_.size(1) == q.size(1),
-              "int8_digits_mm: q must be int8 [N, K], x [M, K]");
-  TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), "int8_digits_mm: scales must be [N]");
+                               const at::Tensor* out) {
+  check_int8(x_, q, s, "int8_digits_mm");
   const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
   std::vector<int8_t> xq(2 * M * Kp, 0);
@@ -986,10 +860,6 @@ at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const 
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
     dispatch_m<Digits>(std::min(kMaxM, M - m0), xu, Kp, q, s, a.data(), y, m0, wsums);
   return y;
-}
-
-at::Tensor int8_digits_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s) {
-  return int8_digits_sums_mm(x, q, s, nullptr);
 }
 
 // yf [R, N16] = the packed int4 weights against R int8 rows xq [R, K] (their Σ per group summed here), before
@@ -1034,10 +904,6 @@ at::Tensor w4a8_mm_out(const at::Tensor& x, const at::Tensor& packed, const at::
   return y;
 }
 
-at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
-  return w4a8_mm_out(x, packed, sz, gs, n, nullptr);
-}
-
 // int4 weight-only with the activations as two int8 digits a value (see int8_digits_mm, digits_rows): row 2m
 // of the digit rows is hi, 2m + 1 lo, and y[m] = a[m]·(yf[2m] + yf[2m + 1] / 256); the packed layout is w4a8_mm's.
 template <typename T>
@@ -1072,10 +938,6 @@ at::Tensor int4_digits_mm_out(const at::Tensor& x_, const at::Tensor& packed, co
   return y;
 }
 
-at::Tensor int4_digits_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
-  return int4_digits_mm_out(x, packed, sz, gs, n, nullptr);
-}
-
 // ---- decode_attention
 // B rows of q against the first L positions of k, v (which may hold more rows and positions: a static cache).
 template <typename T>
@@ -1098,34 +960,6 @@ void decode_attention_typed(const at::Tensor& q, const at::Tensor& k, const at::
   });
 }
 
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const c10::optional<at::Tensor>& keep, double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(2) == 1,
-              "decode_attention: q is [B, H, 1, D], k and v [B, Hkv, L, D]");
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "decode_attention: CPU tensors");
-  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && k.size(0) == q.size(0) &&
-                  k.size(3) == q.size(3) && q.size(1) % k.size(1) == 0,
-              "decode_attention: k and v must match, and q's heads be a multiple of theirs");
-  TORCH_CHECK(q.size(3) <= 256 && q.stride(3) == 1 && k.stride(3) == 1, "decode_attention: head dim ≤ 256, contiguous");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
-                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
-              "decode_attention: q, k, v all fp32 or all bf16");
-  const bool* kp = nullptr;
-  int64_t kb = 0, kl = 0;
-  if (keep.has_value()) {
-    const auto& m = *keep;
-    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == q.size(0) && m.size(1) == k.size(2),
-                "decode_attention: keep must be bool [B, L]");
-    kp = m.data_ptr<bool>();
-    kb = m.stride(0);
-    kl = m.stride(1);
-  }
-  auto out = at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());  // [B, 1, H, D]
-  if (q.scalar_type() == at::kFloat) decode_attention_typed<float>(q, k, v, kp, kb, kl, scale, out, q.size(0), k.size(2));
-  else decode_attention_typed<at::BFloat16>(q, k, v, kp, kb, kl, scale, out, q.size(0), k.size(2));
-  return out;
-}
-
 }  // namespace
 
 // The ops above as plain C++ functions, for the decode step (decode_step.cpp, in the same library).
@@ -1142,15 +976,14 @@ at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, c
 }
 at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
                 const at::Tensor* out) {
-  TORCH_CHECK(sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == q.size(0),
-              "w8a8: sums must be int32 [N]");
-  return w8a8_sums_mm(x, q, s, sums.data_ptr<int32_t>(), out);
+  return w8a8_sums_mm(x, q, s, sums_or_null(sums, q.size(0), "w8a8"), out);
 }
 at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
                        const at::Tensor* out) {
-  TORCH_CHECK(sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == q.size(0),
-              "int8_digits: sums must be int32 [N]");
-  return int8_digits_sums_mm(x, q, s, sums.data_ptr<int32_t>(), out);
+  return int8_digits_sums_mm(x, q, s, sums_or_null(sums, q.size(0), "int8_digits"), out);
+}
+at::Tensor int4(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n) {
+  return int4_mm(x, p, sz, gs, n);
 }
 at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
                        const at::Tensor* out) {
@@ -1160,10 +993,6 @@ at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, 
                 const at::Tensor* out) {
   return w4a8_mm_out(x, p, sz, gs, n, out);
 }
-
-// This thread joins (or leaves) a persistent team: each kernel then runs its share only (par_for).
-void set_team(bool on) { t_team = on; }
-std::pair<int64_t, int64_t> team_share(int64_t n) { return share(n); }
 
 // q [B, H, 1, D] against the first `length` positions of a static cache k, v [≥ B, Hkv, ≥ length, D] (their
 // shapes and dtypes checked by the caller, decode_layers): no views made. keep: bool [B, length] or undefined.
@@ -1218,30 +1047,3 @@ void silu_mul(at::Tensor& g, const at::Tensor& u) {
   else silu_mul_typed(g.data_ptr<at::BFloat16>(), u.data_ptr<at::BFloat16>(), g.numel());
 }
 }  // namespace vk
-
-#ifndef VK_NS
-#define VK_NS variantlab_kernels
-#endif
-TORCH_LIBRARY(VK_NS, m) {
-  m.def("fp32_mm(Tensor x, Tensor w) -> Tensor");
-  m.def("bf16_mm(Tensor x, Tensor w) -> Tensor");
-  m.def("int8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
-  m.def("int4_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
-  m.def("w8a8_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
-  m.def("int8_digits_mm(Tensor x, Tensor q, Tensor scales) -> Tensor");
-  m.def("int4_digits_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
-  m.def("w4a8_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, int out_features) -> Tensor");
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? keep, float scale) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(VK_NS, CPU, m) {
-  m.impl("fp32_mm", &fp32_mm);
-  m.impl("bf16_mm", &bf16_mm);
-  m.impl("int8_mm", &int8_mm);
-  m.impl("int4_mm", &int4_mm);
-  m.impl("w8a8_mm", &w8a8_mm);
-  m.impl("int8_digits_mm", &int8_digits_mm);
-  m.impl("int4_digits_mm", &int4_digits_mm);
-  m.impl("w4a8_mm", &w4a8_mm);
-  m.impl("decode_attention", &decode_attention);
-}

@@ -1,0 +1,132 @@
+// What both instruction sets' kernels share (gemv_avx512.cpp, gemv_avx2.cpp; each includes this once):
+// the team's share of a loop, dispatch on M, argument checks. Nothing here is vectorized.
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+namespace {
+
+constexpr int64_t kMaxM = 8;   // the kernels' M; above it they loop over chunks of 8 rows, re-reading W
+
+// Inside a team (vk::set_team), this thread's share of [0, n): OpenMP's static split; outside, all of it.
+thread_local bool t_team = false;
+
+inline std::pair<int64_t, int64_t> share(int64_t n) {
+  if (!t_team) return {0, n};
+  const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+  return {n * t / nt, n * (t + 1) / nt};
+}
+
+// at::parallel_for, or in a team this thread's share alone (no barrier: the team's caller places them).
+template <typename F>
+void par_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  if (!t_team) return at::parallel_for(begin, end, grain, f);
+  const auto [b0, b1] = share(end - begin);
+  if (b0 < b1) f(begin + b0, begin + b1);
+}
+
+// y given (a team's shared output, [M, n] in x's dtype) or made here.
+inline at::Tensor out_or_empty(const at::Tensor* out, int64_t M, int64_t n, const at::Tensor& x) {
+  return out ? *out : at::empty({M, n}, x.options());
+}
+
+// Σ q of each row from the caller (int32 [N]), or nullptr (an undefined tensor): the kernel sums them.
+inline const int32_t* sums_or_null(const at::Tensor& sums, int64_t n, const char* name) {
+  if (!sums.defined()) return nullptr;
+  TORCH_CHECK(sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == n, name,
+              ": sums must be int32 [N]");
+  return sums.data_ptr<int32_t>();
+}
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+template <typename T>
+inline void store(T* p, float v) { *p = static_cast<T>(v); }  // c10::BFloat16(float) rounds to nearest even
+
+// Dispatch on M (1..8) at compile time.
+template <template <int> class F, typename... A>
+void dispatch_m(int64_t m, A&&... args) {
+  switch (m) {
+    case 1: F<1>::run(args...); break;
+    case 2: F<2>::run(args...); break;
+    case 3: F<3>::run(args...); break;
+    case 4: F<4>::run(args...); break;
+    case 5: F<5>::run(args...); break;
+    case 6: F<6>::run(args...); break;
+    case 7: F<7>::run(args...); break;
+    case 8: F<8>::run(args...); break;
+    default: TORCH_CHECK(false, "M must be 1..8");
+  }
+}
+
+inline void check_2d(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous 2-D CPU tensor");
+}
+
+inline void check_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, name, " must be bf16 or fp32");
+}
+
+// x [M, K] and int8 q [N, K] with scales [N] (int8_mm, w8a8_mm, int8_digits_mm).
+inline void check_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const char* name) {
+  TORCH_CHECK(x.dim() == 2, name, ": x must be [M, K]");
+  check_2d(q, "q");
+  check_float(x, "x");
+  check_float(s, "scales");
+  TORCH_CHECK(q.scalar_type() == at::kChar && x.size(1) == q.size(1), name, ": q must be int8 [N, K], x [M, K]");
+  TORCH_CHECK(s.is_contiguous() && s.numel() == q.size(0), name, ": scales must be [N]");
+}
+
+inline void check_int4(const at::Tensor& packed, const at::Tensor& sz, int64_t K, int64_t gs, int64_t n,
+                       int64_t per_byte) {
+  TORCH_CHECK(packed.is_contiguous() && packed.scalar_type() == at::kByte && packed.dim() == 2,
+              "packed must be a contiguous uint8 [N/16, K·8] tensor");
+  TORCH_CHECK(gs > 0 && gs % per_byte == 0 && K % gs == 0, "group_size must divide K and be a multiple of ",
+              per_byte);
+  const int64_t N16 = packed.size(0) * 16, G = K / gs;
+  TORCH_CHECK(packed.size(1) == K * 8, "packed is [N/16, K·8] for K = ", K);
+  TORCH_CHECK(n > 0 && n <= N16, "out_features must be in (0, ", N16, "]");
+  // w4a8's layout (8 k a chunk) also takes the scales alone: symmetric int4, zeros 0 (kernels/packing.py)
+  const bool scales_alone = per_byte == 8 && sz.numel() == N16 * G;
+  TORCH_CHECK(sz.is_contiguous() && (sz.numel() == N16 * G * 2 || scales_alone) &&
+                  (sz.scalar_type() == at::kBFloat16 || sz.scalar_type() == at::kFloat),
+              per_byte == 8 ? "scales_zeros must be bf16/fp32 [N/16, G, 2, 16] or, the scales alone, [N/16, G, 16]"
+                            : "scales_zeros must be bf16/fp32 [N/16, G, 2, 16]");
+}
+
+// Calls fn(T{}, S{}) for the output dtype T of y and the scale dtype S of s (each bf16 or fp32).
+template <typename Fn>
+void by_dtypes(const at::Tensor& y, const at::Tensor& s, Fn&& fn) {
+  const bool bf = y.scalar_type() == at::kBFloat16, sbf = s.scalar_type() == at::kBFloat16;
+  if (bf && sbf) fn(at::BFloat16{}, at::BFloat16{});
+  else if (bf) fn(at::BFloat16{}, float{});
+  else if (sbf) fn(float{}, at::BFloat16{});
+  else fn(float{}, float{});
+}
+
+// int4_mm's activations: fp32 x runs as two bf16 rows, hi = bf16(x) and lo = bf16(x − hi), |x − hi − lo| ≤ 2^-16·|x|
+// (the caller adds the two halves of its output); bf16 x as it is.
+inline at::Tensor bf16_rows(const at::Tensor& x) {
+  if (x.scalar_type() != at::kFloat) return x;
+  const auto hi = x.to(at::kBFloat16);
+  return at::cat({hi, (x - hi.to(at::kFloat)).to(at::kBFloat16)}, 0);
+}
+
+}  // namespace
+
+// The team's API (vk.h), defined here: each library links one instruction set's source, which includes this once.
+namespace vk {
+void set_team(bool on) { t_team = on; }
+std::pair<int64_t, int64_t> team_share(int64_t n) { return share(n); }
+}  // namespace vk
