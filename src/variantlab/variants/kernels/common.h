@@ -80,7 +80,7 @@ inline void check_float(const at::Tensor& t, const char* name) {
 
 // x [M, K] and int8 q [N, K] with scales [N] (int8_mm, w8a8_mm, int8_digits_mm).
 inline void check_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const char* name) {
-  TORCH_CHECK(x.dim() == 2, name, ": x must be [M, K]");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, name, ": x must be a 2-D CPU tensor [M, K]");
   check_2d(q, "q");
   check_float(x, "x");
   check_float(s, "scales");
