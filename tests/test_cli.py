@@ -245,10 +245,14 @@ def test_hw_prints_the_machine_and_keeps_its_ceilings(tmp_path, monkeypatch):
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
     assert out["facts"]["cores"] >= 1 and "AVX2" in out["facts"]["isa"]
+    from variantlab.variants.kernels import _build   # which of our kernels this CPU runs, or why none
+    assert out["cpu_kernels"]["available"] == (_build.missing_requirement() is None)
+    assert _build.ISA is None or not out["cpu_kernels"]["available"] or _build.ISA.name in out["cpu_kernels"]["reason"]
     cpu = out["ceilings"]["cpu"]
     assert not cpu["cached"] and cpu["threads"] == 1 and cpu["copy_gbps"] > 0 and cpu["matmul_tflops"]["fp32"] > 0
     again = run_cli("hw", "--threads", "1", cwd=tmp_path)
     assert again.returncode == 0 and "read from" in again.stdout and "CPU: " in again.stdout
+    assert f"our CPU kernels: {out['cpu_kernels']['reason']}" in again.stdout
     assert f"measured {cpu['measured_at']}" in again.stdout                 # the same measurement, read back
     config = out["configuration"]["cpu"]                                     # what `recipe: auto` picks, and why
     assert {c["name"] for c in config["decode-heavy"]["choices"]} >= {"dtype", "recipe", "compile", "threads"}

@@ -367,17 +367,21 @@ def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilin
        threads: Optional[int] = typer.Option(None, min=1, help="torch threads to measure with (default: torch's)"),
        as_json: bool = typer.Option(False, "--json", help="print the facts, ceilings, kernel times and "
                                     "configuration as JSON")) -> None:
-    """Print this machine's facts (CPU, instruction sets, GPUs), its measured ceilings (memory
-    bandwidth, matmul rates) and kernel times, measured once per machine and cached, and the
+    """Print this machine's facts (CPU, instruction sets, GPUs), which of our CPU kernels it runs, its measured
+    ceilings (memory bandwidth, matmul rates) and kernel times, measured once per machine and cached, and the
     hardware-aware configuration (what `recipe: auto` picks) for a decode-heavy and a batch-heavy workload."""
     import torch
 
     from .device_facts import device_facts
     from .hardware import cache_dir, cached_ceilings
     from .hwconfig import BATCH_HEAVY, DECODE_HEAVY, machine_config, machine_inputs
+    from .variants import kernels as vk
     if threads:
         torch.set_num_threads(threads)
     facts = device_facts()
+    ours = vk.prepare()   # built here (once), before anything is timed, as bench does
+    source = f" ({vk.ISA.source.name})" if ours.available and vk.ISA else ""
+    ours_line = f"our CPU kernels: {ours.reason}{source}"
     devices = ["cpu"] + [f"cuda:{i}" for i in range(len(facts.gpus))]
     measured = {d: cached_ceilings(d, refresh=refresh) for d in devices}
     inputs = {d: machine_inputs(d, threads=torch.get_num_threads(), refresh=refresh, ceilings=measured[d][0])
@@ -386,6 +390,7 @@ def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilin
                for d in devices}
     if as_json:
         print(json.dumps({"facts": facts.to_json(),
+                          "cpu_kernels": {"available": ours.available, "reason": ours.reason},
                           "ceilings": {d: c.to_json() | {"cached": hit} for d, (c, hit) in measured.items()},
                           "kernel_times": {d: m.kernel_times.to_json() if m.kernel_times else None
                                            for d, m in inputs.items()},
@@ -393,7 +398,7 @@ def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilin
                                             for d, (a, b) in configs.items()}},
                          indent=2))
         return
-    for line in facts.lines():
+    for line in facts.lines() + [ours_line]:
         console.print(escape(line), soft_wrap=True)
     for d, (c, hit) in measured.items():
         for line in c.lines():
