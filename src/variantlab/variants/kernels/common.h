@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -121,6 +122,77 @@ inline at::Tensor bf16_rows(const at::Tensor& x) {
   if (x.scalar_type() != at::kFloat) return x;
   const auto hi = x.to(at::kBFloat16);
   return at::cat({hi, (x - hi.to(at::kFloat)).to(at::kBFloat16)}, 0);
+}
+
+
+// Blocks of 16 packed int4 rows split between threads (in a team, this thread's share: the scaling that follows
+// reads the same share); B::block<M, S, Z> computes one block's [M][16] outputs before any per-row scale (each
+// instruction set's own; X: what it holds the activations as), written to yf [M, N16]. Z: zeros beside the
+// scales (else the scales alone, symmetric int4: check_int4).
+template <typename B, typename X>
+struct PackedInt4 {
+  template <int M>
+  struct At {
+    template <typename S, bool Z>
+    static void typed(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
+                      int64_t G, int64_t gs, float* y, int64_t N16) {
+      const uint8_t* p = packed.data_ptr<uint8_t>();
+      const S* s = sz.data_ptr<S>();
+      par_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
+        alignas(64) float out[M * 16];
+        for (int64_t b = b0; b < b1; ++b) {
+          B::template block<M, S, Z>(p + b * K * 8, s + b * G * (Z ? 32 : 16), x, xs, K, G, gs, out);
+          for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
+        }
+      });
+    }
+    static void run(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
+                    int64_t G, int64_t gs, float* y, int64_t N16) {
+      const bool z = sz.numel() == N16 * G * 2;   // else the scales alone (symmetric int4: check_int4)
+      if (sz.scalar_type() == at::kBFloat16) {
+        if (z) typed<at::BFloat16, true>(packed, sz, x, xs, K, G, gs, y, N16);
+        else typed<at::BFloat16, false>(packed, sz, x, xs, K, G, gs, y, N16);
+      } else {
+        if (z) typed<float, true>(packed, sz, x, xs, K, G, gs, y, N16);
+        else typed<float, false>(packed, sz, x, xs, K, G, gs, y, N16);
+      }
+    }
+  };
+};
+
+// One query position per sequence and head against a static cache's first L positions, split between threads:
+// Attend<T>::run(q row, its K/V head's k and v, L, D, k's position stride, keep row or nullptr, keep's stride,
+// scale, scores scratch [L], out row) is each instruction set's softmax(q·Kᵀ·scale)·V.
+template <template <typename> class Attend, typename T>
+void attention_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* keep, int64_t keep_b,
+                     int64_t keep_l, double scale, at::Tensor& out, int64_t L) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), group = H / k.size(1);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  par_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(L);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H, h = i % H, g = h / group;
+      Attend<T>::run(qp + b * q.stride(0) + h * q.stride(1), kp + b * k.stride(0) + g * k.stride(1),
+                     vp + b * v.stride(0) + g * v.stride(1), L, D, k.stride(2), keep ? keep + b * keep_b : nullptr,
+                     keep_l, static_cast<float>(scale), scores.data(), op + (b * H + h) * D);
+    }
+  });
+}
+
+// vk::attention_cache over Attend (attention_heads): q [B, H, 1, D] against the first `length` positions of
+// k, v [≥ B, Hkv, ≥ length, D], keep bool [B, length] or none; into: the output, or made here.
+template <template <typename> class Attend>
+at::Tensor attention_cache_over(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
+                                const c10::optional<at::Tensor>& keep, double scale, const at::Tensor* into) {
+  const bool* kp = keep.has_value() ? keep->data_ptr<bool>() : nullptr;
+  const int64_t kb = keep.has_value() ? keep->stride(0) : 0, kl = keep.has_value() ? keep->stride(1) : 0;
+  auto out = into ? *into : at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());
+  if (q.scalar_type() == at::kFloat) attention_heads<Attend, float>(q, k, v, kp, kb, kl, scale, out, length);
+  else attention_heads<Attend, at::BFloat16>(q, k, v, kp, kb, kl, scale, out, length);
+  return out;
 }
 
 }  // namespace

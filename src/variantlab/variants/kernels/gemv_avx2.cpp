@@ -485,37 +485,6 @@ struct Int4Blocks {
   }
 };
 
-// Blocks of 16 packed rows split between threads (the team's share: scale_rows_into's); yf [M, N16].
-template <typename B, typename X>
-struct PackedInt4 {
-  template <int M>
-  struct At {
-    template <typename S, bool Z>
-    static void typed(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
-                      int64_t G, int64_t gs, float* y, int64_t N16) {
-      const uint8_t* p = packed.data_ptr<uint8_t>();
-      const S* s = sz.data_ptr<S>();
-      par_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
-        alignas(32) float out[M * 16];
-        for (int64_t b = b0; b < b1; ++b) {
-          B::template block<M, S, Z>(p + b * K * 8, s + b * G * (Z ? 32 : 16), x, xs, K, G, gs, out);
-          for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
-        }
-      });
-    }
-    static void run(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
-                    int64_t G, int64_t gs, float* y, int64_t N16) {
-      const bool z = sz.numel() == N16 * G * 2;   // else the scales alone (symmetric int4: check_int4)
-      if (sz.scalar_type() == at::kBFloat16) {
-        if (z) typed<at::BFloat16, true>(packed, sz, x, xs, K, G, gs, y, N16);
-        else typed<at::BFloat16, false>(packed, sz, x, xs, K, G, gs, y, N16);
-      } else {
-        if (z) typed<float, true>(packed, sz, x, xs, K, G, gs, y, N16);
-        else typed<float, false>(packed, sz, x, xs, K, G, gs, y, N16);
-      }
-    }
-  };
-};
 
 // yf [R, N16] = the packed int4 weights against R int8 rows xq [R, K] (their Σ per group summed here).
 std::vector<float> w4a8_rows_core(const std::vector<int8_t>& xq, int64_t R, const at::Tensor& packed,
@@ -637,25 +606,6 @@ void attend_one(const T* q, const T* k, const T* v, int64_t L, int64_t D, int64_
   for (int64_t c = 0; c < chunks; ++c) store8n(out + c * 8, _mm256_mul_ps(o[c], inv), D - c * 8);
 }
 
-template <typename T>
-void attention_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* keep, int64_t keep_b,
-                     int64_t keep_l, double scale, at::Tensor& out, int64_t B, int64_t L) {
-  const int64_t H = q.size(1), D = q.size(3), Hkv = k.size(1);
-  const int64_t group = H / Hkv;
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  par_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(L);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / H, h = i % H, g = h / group;
-      attend_one<T>(qp + b * q.stride(0) + h * q.stride(1), kp + b * k.stride(0) + g * k.stride(1),
-                    vp + b * v.stride(0) + g * v.stride(1), L, D, k.stride(2), keep ? keep + b * keep_b : nullptr,
-                    keep_l, static_cast<float>(scale), scores.data(), op + (b * H + h) * D);
-    }
-  });
-}
 
 template <typename T>
 void silu_mul_typed(T* g, const T* u, int64_t n) {
@@ -668,6 +618,13 @@ void silu_mul_typed(T* g, const T* u, int64_t n) {
     store8n(g + i, _mm256_mul_ps(a, load8n(u + i, n - i)), n - i);
   }
 }
+
+
+template <typename T>
+struct Attend {   // (attention_heads, common.h)
+  template <typename... A>
+  static void run(A... args) { attend_one<T>(args...); }
+};
 
 }  // namespace
 
@@ -706,12 +663,7 @@ at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tenso
 
 at::Tensor attention_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
                            const c10::optional<at::Tensor>& keep, double scale, const at::Tensor* into) {
-  const bool* kp = keep.has_value() ? keep->data_ptr<bool>() : nullptr;
-  const int64_t kb = keep.has_value() ? keep->stride(0) : 0, kl = keep.has_value() ? keep->stride(1) : 0;
-  auto out = into ? *into : at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());
-  if (q.scalar_type() == at::kFloat) attention_typed<float>(q, k, v, kp, kb, kl, scale, out, q.size(0), length);
-  else attention_typed<at::BFloat16>(q, k, v, kp, kb, kl, scale, out, q.size(0), length);
-  return out;
+  return attention_cache_over<Attend>(q, k, v, length, keep, scale, into);
 }
 
 void silu_mul(at::Tensor& g, const at::Tensor& u) {

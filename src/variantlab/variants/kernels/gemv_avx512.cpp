@@ -643,36 +643,6 @@ struct W4A8Blocks {
   }
 };
 
-template <typename B, typename X>
-struct PackedInt4 {
-  template <int M>
-  struct At {
-    template <typename S, bool Z>
-    static void typed(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
-                      int64_t G, int64_t gs, float* y, int64_t N16) {
-      const uint8_t* p = packed.data_ptr<uint8_t>();
-      const S* s = sz.data_ptr<S>();
-      par_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
-        alignas(64) float out[M * 16];
-        for (int64_t b = b0; b < b1; ++b) {
-          B::template block<M, S, Z>(p + b * K * 8, s + b * G * (Z ? 32 : 16), x, xs, K, G, gs, out);
-          for (int m = 0; m < M; ++m) std::memcpy(y + m * N16 + b * 16, out + m * 16, 64);
-        }
-      });
-    }
-    static void run(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
-                    int64_t G, int64_t gs, float* y, int64_t N16) {
-      const bool z = sz.numel() == N16 * G * 2;   // else the scales alone (symmetric int4: check_int4)
-      if (sz.scalar_type() == at::kBFloat16) {
-        if (z) typed<at::BFloat16, true>(packed, sz, x, xs, K, G, gs, y, N16);
-        else typed<at::BFloat16, false>(packed, sz, x, xs, K, G, gs, y, N16);
-      } else {
-        if (z) typed<float, true>(packed, sz, x, xs, K, G, gs, y, N16);
-        else typed<float, false>(packed, sz, x, xs, K, G, gs, y, N16);
-      }
-    }
-  };
-};
 
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n) {
   check_2d(x, "x");
@@ -940,25 +910,13 @@ at::Tensor int4_digits_mm_out(const at::Tensor& x_, const at::Tensor& packed, co
 
 // ---- decode_attention
 // B rows of q against the first L positions of k, v (which may hold more rows and positions: a static cache).
+
+
 template <typename T>
-void decode_attention_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* keep,
-                            int64_t keep_b, int64_t keep_l, double scale, at::Tensor& out, int64_t B, int64_t L) {
-  const int64_t H = q.size(1), D = q.size(3), Hkv = k.size(1);
-  const int64_t group = H / Hkv;
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  par_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(L);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / H, h = i % H, g = h / group;
-      attend_one<T>(qp + b * q.stride(0) + h * q.stride(1), kp + b * k.stride(0) + g * k.stride(1),
-                    vp + b * v.stride(0) + g * v.stride(1), L, D, k.stride(2), keep ? keep + b * keep_b : nullptr,
-                    keep_l, static_cast<float>(scale), scores.data(), op + (b * H + h) * D);
-    }
-  });
-}
+struct Attend {   // (attention_heads, common.h)
+  template <typename... A>
+  static void run(A... args) { attend_one<T>(args...); }
+};
 
 }  // namespace
 
@@ -998,12 +956,7 @@ at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, 
 // shapes and dtypes checked by the caller, decode_layers): no views made. keep: bool [B, length] or undefined.
 at::Tensor attention_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t length,
                            const c10::optional<at::Tensor>& keep, double scale, const at::Tensor* into) {
-  const bool* kp = keep.has_value() ? keep->data_ptr<bool>() : nullptr;
-  const int64_t kb = keep.has_value() ? keep->stride(0) : 0, kl = keep.has_value() ? keep->stride(1) : 0;
-  auto out = into ? *into : at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());
-  if (q.scalar_type() == at::kFloat) decode_attention_typed<float>(q, k, v, kp, kb, kl, scale, out, q.size(0), length);
-  else decode_attention_typed<at::BFloat16>(q, k, v, kp, kb, kl, scale, out, q.size(0), length);
-  return out;
+  return attention_cache_over<Attend>(q, k, v, length, keep, scale, into);
 }
 
 // g ← dtype(dtype(silu(g)) · u) in place, as transformers' MLP: act_fn(gate) * up, each op rounding to the dtype.
