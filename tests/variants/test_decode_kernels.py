@@ -8,6 +8,7 @@ from conftest import FAMILIES, switch_off_our_kernels
 import torch.nn.functional as F
 from torch import nn
 
+from variantlab.variants import kernel_linear
 from variantlab.variants import kernels as vk
 from variantlab.variants.build import VariantDefinition, build
 from variantlab.variants.decode_kernels import use_decode_kernels
@@ -40,8 +41,61 @@ def test_decode_rows_take_our_gemv_and_prefill_stays_on_aten(our_kernels, monkey
     y, ref = model(x), F.linear(x.float(), plain.weight.float(), plain.bias.float())
     assert seen == [(rows, 96)] and y.shape == (1, rows, 40) and y.dtype == dtype
     assert ((y.float() - ref).abs().max() / ref.abs().max()).item() < (1e-5 if dtype == torch.float32 else 1e-2)
-    x = torch.randn(rows + 1, 96).to(dtype)              # one more: aten, exactly
-    assert torch.equal(model(x), plain(x)) and len(seen) == 1
+    x = torch.randn(rows + 1, 96).to(dtype)              # one more: aten, exactly (bf16: widened where scalar)
+    widened = dtype == torch.bfloat16 and kernel_linear.aten_bf16_is_scalar()
+    expect = kernel_linear.widened_linear(x, plain.weight, plain.bias) if widened else plain(x)
+    assert torch.equal(model(x), expect) and len(seen) == 1
+
+
+@pytest.mark.parametrize("scalar", [True, False])
+def test_prefill_in_bf16_widens_to_fp32_where_atens_bf16_is_scalar(our_kernels, monkeypatch, scalar):
+    """Above our rows, a bf16 layer runs aten's fp32 linear on widened x and weight where aten's bf16 matmul has
+    no vector kernel (kernel_linear.aten_bf16_is_scalar), rounding to bf16: aten's bf16 values up to summation
+    order; elsewhere aten's bf16 linear, exactly."""
+    torch.manual_seed(0)
+    layer = nn.Linear(256, 48).to(torch.bfloat16)
+    plain = nn.Linear(256, 48).to(torch.bfloat16)
+    plain.load_state_dict(layer.state_dict())
+    model = nn.Sequential(layer)
+    use_decode_kernels(model)
+    monkeypatch.setattr(kernel_linear, "aten_bf16_is_scalar", lambda: scalar)
+    x = torch.randn(40, 256).to(torch.bfloat16)          # 40 rows: above every CPU's bf16_mm rows
+    y = model(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (40, 48)
+    if scalar:
+        ref = F.linear(x.float(), plain.weight.float(), plain.bias.float())
+        assert torch.equal(y, ref.to(torch.bfloat16))
+        assert ((y.float() - plain(x).float()).abs() <= plain(x).float().abs() * 2 ** -7 + 1e-6).all()
+    else:
+        assert torch.equal(y, plain(x))
+
+
+def test_the_row_limits_cover_every_op_on_every_instruction_set():
+    assert all(table.keys() == vk.UP_TO["AVX-512"].keys() for table in vk.UP_TO.values())
+    assert set(vk.UP_TO) == {isa.name for isa in vk.ISAS}
+    assert vk.rows_up_to("fp32_mm", 4096) == vk.OURS_UP_TO["fp32_mm"][0]
+    assert vk.rows_up_to("fp32_mm", 512) == vk.OURS_UP_TO["fp32_mm"][1]
+
+
+def test_row_labels_say_every_M_one_row_or_a_limit(monkeypatch):
+    monkeypatch.setattr(vk, "OURS_UP_TO", {"a": (vk.EVERY, vk.EVERY), "b": (1, 8), "c": (4, vk.EVERY)})
+    assert vk.rows_label("a") == "a at every M"
+    assert vk.rows_label("b") == "b at 1 row (≤ 8 with K ≤ 1024)"
+    assert vk.rows_label("c") == "c at ≤ 4 rows (every M with K ≤ 1024)"
+    assert vk.ours_beats_aten("a", 10 ** 6, 4096) and not vk.ours_beats_aten("b", 2, 4096)
+    assert vk.ours_beats_aten("b", 8, 1024) and not vk.ours_beats_aten("b", 9, 1024)
+
+
+@pytest.mark.parametrize("table", ["AVX-512", "AVX2"])
+def test_a_quantized_variant_lists_atens_kernel_only_where_it_runs(our_kernels, tiny_model_dir, monkeypatch,
+                                                                     table):
+    """W8A8: aten's torch._int_mm runs above our rows; where ours runs at every M (AVX2) it never does, and the
+    facts do not list it."""
+    monkeypatch.setattr(vk, "OURS_UP_TO", vk.UP_TO[table])
+    facts = build(tiny_model_dir, VariantDefinition("w8a8", "w8a8", {}), "cpu").facts
+    every = vk.UP_TO[table]["w8a8_mm"][0] >= vk.EVERY
+    assert ("aten::_int_mm" in facts.kernels) is not every
+    assert any("w8a8_mm at " + ("every M" if every else "≤ 8 rows") in k for k in facts.kernels)
 
 
 def test_a_variant_says_which_of_our_kernels_it_runs(our_kernels, tiny_model_dir):
@@ -197,3 +251,14 @@ def test_decode_attention_takes_what_it_computes_exactly_and_hands_the_rest_to_s
             want, _ = sdpa_attention_forward(module, *args)
             assert torch.equal(got, want)
         assert calls == [1]
+
+
+@pytest.mark.parametrize("scalar", [True, False])
+def test_a_bf16_variant_names_the_matmul_its_prefill_runs(our_kernels, tiny_model_dir, monkeypatch, scalar):
+    """Where aten's bf16 matmul is scalar, bf16 prefill runs aten's fp32 one on widened values, and the facts
+    say so; elsewhere they say aten's bf16 matmul. Either way, whichever label the build brought."""
+    from variantlab.variants import decode_kernels
+    monkeypatch.setattr(decode_kernels, "aten_bf16_is_scalar", lambda: scalar)
+    facts = build(tiny_model_dir, VariantDefinition("bf16", "bf16", {}), "cpu").facts
+    assert (decode_kernels.WIDENED_MM in facts.kernels) is scalar
+    assert (decode_kernels.BF16_MM in facts.kernels) is not scalar

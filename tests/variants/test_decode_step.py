@@ -7,6 +7,7 @@ import torch
 
 from variantlab.backends.base import GenerationRequest, run_requests
 from variantlab.backends.torch_engine import TorchEngine
+from variantlab.variants import kernels as vk
 from variantlab.variants.build import VariantDefinition, build
 from variantlab.variants.decode_step import LABEL, DecodeStep, unsupported
 
@@ -114,9 +115,11 @@ def test_a_layer_whose_linears_each_run_another_kernel(our_kernels, qwen2_dir):
     theirs = TorchEngine(built.model, built.tokenizer, "cpu", "test", decode_step=False)
     assert ours.step is not None, ours.step_note
     from variantlab.variants.decode_step import INT4_DIGITS, INT8, W4A8 as W4A8_KIND, W8A8 as W8A8_KIND
-    layer0 = [tuple(ours.step.ints[3 * i:3 * i + 2]) for i in range(7)]    # (kind, group size) of q … down
-    assert layer0 == [(W4A8_KIND, 32), (W4A8_KIND, 64), (W8A8_KIND, 0), (W4A8_KIND, 32), (INT4_DIGITS, 32),
-                      (INT8, 0), (W4A8_KIND, 64)]
+    layer0 = [tuple(ours.step.ints[4 * i:4 * i + 4]) for i in range(7)]    # (kind, group size, n, rows) of q … down
+    assert [k[:2] for k in layer0] == [(W4A8_KIND, 32), (W4A8_KIND, 64), (W8A8_KIND, 0), (W4A8_KIND, 32),
+                                       (INT4_DIGITS, 32), (INT8, 0), (W4A8_KIND, 64)]
+    hidden = built.model.config.hidden_size    # up_proj's K: int8 runs ours up to the CPU's row limit, then aten's
+    assert [k[3] for k in layer0] == [8, 8, 8, 8, 8, min(vk.rows_up_to("int8_digits_mm", hidden), 8), 8]
     for n in (1, 2):
         assert tokens(ours, requests(n)) == tokens(theirs, requests(n))
     got = logits_by_threads(ours)

@@ -14,13 +14,16 @@ figures then describe aten.
 """
 from __future__ import annotations
 
-
+import torch
 from torch import nn
 
 from . import kernels as vk
 from .kernel_attention import LABELS as ATTENTION_LABELS
 from .kernel_attention import use_decode_attention
-from .kernel_linear import FLOAT_OPS, KernelLinear, swap_linears
+from .kernel_linear import FLOAT_OPS, KernelLinear, aten_bf16_is_scalar, swap_linears
+
+BF16_MM = "aten::mm (bf16)"
+WIDENED_MM = "aten::mm (fp32, bf16 widened: aten's bf16 matmul is scalar here)"
 
 SUFFIX = f" ({vk.ISA_NAME})"   # this machine's; an artifact may carry another's (SUFFIXES)
 SUFFIXES = tuple(f" ({isa.name})" for isa in vk.ISAS)
@@ -52,10 +55,27 @@ def with_decode_kernels(model: nn.Module, facts):
              "aten::_weight_int4pack_mm_for_cpu"} if w4a8 else set()
     kernels = tuple(dict.fromkeys(m.kernel for m in w4a8)) + tuple(
         k for k in facts.kernels if not is_decode_label(k) and k not in stale)
+    kernels = aten_labels_that_run(model, kernels)
     notes = tuple(n for n in facts.notes if not is_decode_label(n) and n not in stale) + tuple(
         dict.fromkeys(n for m in w4a8 for n in m.notes if n in stale)) + notes
     return facts.replace(kernels=kernels + labels, notes=notes,
                          extra={**facts.extra, "resident_bytes": resident_bytes(model)})
+
+
+def aten_labels_that_run(model: nn.Module, kernels: tuple[str, ...]) -> tuple[str, ...]:
+    """`kernels` as aten runs here: less the aten kernel of a quantized module where ours runs it at every M (W8A8
+    on AVX2), with it where it runs here but an artifact's facts (built where it did not) lack it, and aten's bf16
+    matmul named as what runs where it is scalar (kernel_linear.widened_linear)."""
+    from .quant_linear import QuantLinear
+
+    quant = [m for m in model.modules() if isinstance(m, QuantLinear) and m.ours() is not None]
+    never = {m.kernel for m in quant if vk.available() and m.ours().endswith("every M")}
+    runs = [m.kernel for m in quant if m.kernel not in never]
+    kernels = tuple(k for k in kernels if k not in never) + tuple(k for k in dict.fromkeys(runs) if k not in kernels)
+    widened = aten_bf16_is_scalar() and any(isinstance(m, KernelLinear) and m.weight.dtype == torch.bfloat16
+                                            for m in model.modules())
+    old, new = (BF16_MM, WIDENED_MM) if widened else (WIDENED_MM, BF16_MM)
+    return tuple(new if k == old else k for k in kernels)
 
 
 def is_decode_label(text: str) -> bool:

@@ -31,8 +31,9 @@ PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "
 _EMPTY = torch.empty(0)
 
 
-def linear_kind(module: nn.Module, dtype: torch.dtype) -> tuple[tuple[int, int, int], tuple] | str:
-    """(kind, group size, out features) and (a, b, bias, aux) for the C++ step, or why this linear cannot run in it."""
+def linear_kind(module: nn.Module, dtype: torch.dtype) -> tuple[tuple[int, int, int, int], tuple] | str:
+    """(kind, group size, out features, rows) and (a, b, bias, aux) for the C++ step, or why this linear cannot run
+    in it. rows: up to how many activation rows our kernel runs it (kernels.OURS_UP_TO); above, aten's."""
     from .kernel_linear import KernelLinear
     from .quant_linear import W4A8 as W4A8Module
     from .quant_linear import W8A8 as W8A8Module
@@ -47,23 +48,25 @@ def linear_kind(module: nn.Module, dtype: torch.dtype) -> tuple[tuple[int, int, 
         w = module.weight.detach()
         if w.dtype != dtype or not w.is_contiguous():
             return f"a {w.dtype} linear under {dtype} activations"
-        return (DENSE, 0, w.shape[0]), (w, _EMPTY, bias, _EMPTY)
+        rows = vk.rows_up_to("fp32_mm" if dtype == torch.float32 else "bf16_mm", w.shape[1])
+        return (DENSE, 0, w.shape[0], min(rows, MAX_ROWS)), (w, _EMPTY, bias, _EMPTY)
     if not hasattr(module, "path") or module.path != "kernel" or module.device_type != "cpu" or module.dtype != dtype:
         return f"{name} (path {getattr(module, 'path', '?')}, {getattr(module, 'dtype', '?')}) has no kernel here"
     if isinstance(module, Int8WeightOnly):
         sums = module.qweight.sum(1, dtype=torch.int32)   # each row's Σ q, once: the VNNI kernels never sum them
-        return (INT8, 0, module.out_features), (module.qweight, module.scales, bias, sums)
+        rows = min(vk.rows_up_to(module.OURS_OP[dtype], module.in_features), MAX_ROWS)
+        return (INT8, 0, module.out_features, rows), (module.qweight, module.scales, bias, sums)
     if isinstance(module, W8A8Module):
         sums = module.qweight.sum(1, dtype=torch.int32)
-        return (W8A8, 0, module.out_features), (module.qweight, module.scales, bias, sums)
+        return (W8A8, 0, module.out_features, MAX_ROWS), (module.qweight, module.scales, bias, sums)
     if getattr(module, "k_pad", 0):
         return f"{name} pads in_features {module.in_features} to its group size"
     if isinstance(module, Int4WeightOnly) and "scales_zeros" in module._buffers:
-        return (INT4_DIGITS, module.group_size, module.out_features), (module.packed, module.scales_zeros, bias, _EMPTY)
+        return (INT4_DIGITS, module.group_size, module.out_features, MAX_ROWS), (module.packed, module.scales_zeros, bias, _EMPTY)
     if isinstance(module, Int4WeightOnly):
-        return (INT4, module.group_size, module.out_features), (module.packed, module.scales_and_zeros, bias, _EMPTY)
+        return (INT4, module.group_size, module.out_features, 0), (module.packed, module.scales_and_zeros, bias, _EMPTY)
     if isinstance(module, W4A8Module) and "packed" in module._buffers:
-        return (W4A8, module.group_size, module.out_features), (module.packed, module.scales_zeros, bias, _EMPTY)
+        return (W4A8, module.group_size, module.out_features, MAX_ROWS), (module.packed, module.scales_zeros, bias, _EMPTY)
     return f"{name} has no kernel in the decode step"
 
 

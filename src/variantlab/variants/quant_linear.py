@@ -14,12 +14,13 @@ name suggests (a fallback, padding, an unpacked layout).
 
 | module            | CPU kernel path                                   | CUDA kernel path (untested here)      |
 |-------------------|---------------------------------------------------|---------------------------------------|
-| Int8WeightOnly    | ours int8_digits_mm (bf16 x; int8_mm fp32 x) at   | int8→dtype cast + aten::mm            |
-|                   | M = 1 (≤ 8 if K ≤ 1024), else                     |                                       |
+| Int8WeightOnly    | ours int8_digits_mm (bf16 x; int8_mm fp32 x) up   | int8→dtype cast + aten::mm            |
+|                   | to the CPU's rows (kernels.OURS_UP_TO), else      |                                       |
 |                   | aten::_weight_int8pack_mm(x, q[N,K], s[N])        |                                       |
 | Int4WeightOnly    | ours int4_digits_mm (bf16 x), every M; else       | aten::_weight_int4pack_mm (bf16 only) |
 |                   | aten::_weight_int4pack_mm_for_cpu                 |                                       |
-| W8A8              | ours w8a8_mm at M ≤ 8, else per-token int8 quant  | same as CPU's else; M padded to 32    |
+| W8A8              | ours w8a8_mm up to the CPU's rows (AVX2: every M),| same as CPU's else; M padded to 32    |
+|                   | else per-token int8 quant                         |                                       |
 |                   | + torch._int_mm(xq, q.t())                        | when M ≤ 16                           |
 | W4A8              | ours w4a8_mm (int4 read packed), every M; without | torch._int_mm per group               |
 |                   | our kernels: torch._int_mm per int4 group         |                                       |
@@ -282,6 +283,8 @@ class Int8Embedding(QuantLinear):
 class Int8WeightOnly(QuantLinear):
     """W8A16: int8 per-output-channel symmetric weights, activations in the compute dtype."""
 
+    OURS_OP = {torch.float32: "int8_mm", torch.bfloat16: "int8_digits_mm"}   # ours, by the activations' dtype
+
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, path: str = "kernel") -> None:
         super().__init__(linear, dtype, path)
         q, s = qp.quantize_int8_per_channel(linear.weight, dtype)
@@ -301,12 +304,11 @@ class Int8WeightOnly(QuantLinear):
         runs = self.path == "kernel" and self.device_type == "cpu" and self.dtype in OURS_DTYPES
         if not runs:
             return None
-        return vk.rows_label("int8_mm").replace("int8_mm", "int8_digits_mm" if self.dtype == torch.bfloat16 else
-                                                "int8_mm")
+        return vk.rows_label(self.OURS_OP[self.dtype])
 
     def _mm(self, x):
         if self.device_type == "cpu":
-            if _ours_for("int8_mm", x):   # bf16 x: two int8 digits a value, VNNI (kernels.int8_digits_mm)
+            if _ours_for(self.OURS_OP.get(x.dtype, "int8_mm"), x):   # bf16 x: two int8 digits a value
                 if x.dtype == torch.bfloat16:
                     return vk.int8_digits_mm(x, self.qweight, self.scales)
                 return vk.int8_mm(x, self.qweight, self.scales)

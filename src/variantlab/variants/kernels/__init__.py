@@ -5,9 +5,9 @@ M = 1, aten's bf16 linear, int8 `_weight_int8pack_mm` and int4 `_weight_int4pack
 their weights well below the machine's memory bandwidth; these kernels read at it. They come in one
 C++ source per instruction set, the same API (vk.h) and layouts: gemv_avx512.cpp (AVX-512 BF16 + VNNI)
 and gemv_avx2.cpp (AVX2 + FMA: llama.cpp's sign trick, maddubs, where VNNI would run); _build.py
-builds the one this CPU runs on first use (`ISA`). The thresholds below were measured on the AVX-512
-machine; on the AVX2 one the same run (2026-12-06) gave ours 1.4-2.6x aten's for fp32 and bf16 at M = 1
-and 4, int8_mm 1.2-1.9x at M = 1 but 0.74-0.93x at M = 4, w8a8_mm 8-25x, w4a8_mm 24-64x.
+builds the one this CPU runs on first use (`ISA`). Up to how many rows each replaces aten's is the
+instruction set's (`UP_TO`, below): on AVX2 aten's bf16 and int8 matmuls have no vector kernels, so ours
+replace them at more rows, some at every size.
 
 | op (torch.ops.variantlab_kernels.*) | weights it reads                 | activations | replaces at M ≤ 8 |
 |-------------------------------------|----------------------------------|-------------|-------------------|
@@ -41,32 +41,49 @@ from .packing import pack_int4_bf16, pack_int4_vnni, pack_scales_zeros
 
 MAX_ROWS = 8  # the kernels' M; above it they loop over chunks of 8 rows, re-reading the weight
 
-# Up to how many activation rows each op beats aten's here, at any K and with K ≤ SMALL_K, so that
-# callers use it (benchmarks/decode_kernels.py, 2 threads, cold weights, 768x768, 768x2048, 2048x768
-# and 4096²): fp32_mm 1.2-5.3x at every M ≤ 8; bf16_mm 1.3-3x up to M = 4, at M = 8 2.0-2.2x with
-# K = 768 but 0.70-0.85x with K ≥ 2048; int8_mm 1.0-1.19x at M = 1, at M = 2-8 1.13x with K = 768
-# but 0.74-0.89x with K ≥ 2048; w8a8_mm 1.2-2.75x at every M ≤ 8; w4a8_mm 3-14x at every M (its
-# caller uses it at any size).
+# Up to how many activation rows each op beats aten's, per instruction set, at any K and with K ≤ SMALL_K, so
+# that callers use it (benchmarks/decode_kernels.py, 2 threads, cold weights, 768x768, 768x2048, 2048x768 and
+# 4096²). EVERY: at every M (ours loops over chunks of MAX_ROWS rows; the weight is read once a chunk).
+# AVX-512: fp32_mm 1.2-5.3x at every M ≤ 8; bf16_mm 1.3-3x up to M = 4, at M = 8 2.0-2.2x with K = 768 but
+# 0.70-0.85x with K ≥ 2048; int8_mm 1.0-1.19x at M = 1, at M = 2-8 1.13x with K = 768 but 0.74-0.89x with
+# K ≥ 2048; w8a8_mm 1.2-2.75x at every M ≤ 8.
+# AVX2 (2026-12-06, session measurements of each op against aten's at M = 2-512): fp32_mm and bf16_mm 1.4-2.6x
+# at M = 1 and 4, where aten's bf16 matmul has no vector kernel (oneDNN's bf16 needs AVX-512: 1-3 ms for a
+# 768x2048 layer at M = 8-16); aten's _weight_int8pack_mm and torch._int_mm have none either (0.44-0.54 s for
+# 512 rows of a 768x2048 or 2048x768 layer with fp32 x, 0.42-0.48 s): int8_mm (fp32 x) 13-37x and w8a8_mm
+# 25-44x at every M; with bf16 x int8pack is vectorised: int8_digits_mm 0.93-2.1x at M = 2-8, 0.70-0.92x at 512.
+# w4a8_mm beats aten's at every M on both (its caller uses it at any size).
 SMALL_K = 1024
-OURS_UP_TO = {"fp32_mm": (8, 8), "bf16_mm": (4, 8), "int8_mm": (1, 8), "w8a8_mm": (8, 8)}
+EVERY = 1 << 62
+UP_TO = {"AVX-512": {"fp32_mm": (8, 8), "bf16_mm": (4, 8), "int8_mm": (1, 8), "int8_digits_mm": (1, 8),
+                     "w8a8_mm": (8, 8)},
+         "AVX2": {"fp32_mm": (8, 8), "bf16_mm": (8, 8), "int8_mm": (EVERY, EVERY), "int8_digits_mm": (8, 8),
+                  "w8a8_mm": (EVERY, EVERY)}}
+OURS_UP_TO = UP_TO.get(ISA_NAME, UP_TO["AVX-512"])   # this CPU's (no ISA: our kernels never run)
+
+
+def rows_up_to(op: str, k: int) -> int:
+    """The most activation rows of `k` features at which `op` beats aten's here (OURS_UP_TO)."""
+    any_k, small_k = OURS_UP_TO[op]
+    return small_k if k <= SMALL_K else any_k
 
 
 def ours_beats_aten(op: str, rows: int, k: int) -> bool:
     """Whether `op` on `rows` activation rows of `k` features is faster than aten's here (OURS_UP_TO)."""
-    any_k, small_k = OURS_UP_TO[op]
-    return rows <= (small_k if k <= SMALL_K else any_k)
+    return rows <= rows_up_to(op, k)
 
 
 def rows_label(op: str) -> str:
-    """Where the callers use `op`, in words: 'bf16_mm at ≤ 4 rows (≤ 8 with K ≤ 1024)'."""
+    """Where the callers use `op`, in words: 'bf16_mm at ≤ 4 rows (≤ 8 with K ≤ 1024)', 'w8a8_mm at every M'."""
     any_k, small_k = OURS_UP_TO[op]
-    rows = "1 row" if any_k == 1 else f"≤ {any_k} rows"
-    return f"{op} at {rows}" + (f" (≤ {small_k} with K ≤ {SMALL_K})" if small_k != any_k else "")
+    rows = "every M" if any_k >= EVERY else "1 row" if any_k == 1 else f"≤ {any_k} rows"
+    small = "every M" if small_k >= EVERY else f"≤ {small_k}"
+    return f"{op} at {rows}" + (f" ({small} with K ≤ {SMALL_K})" if small_k != any_k else "")
 
 __all__ = ["ISA", "ISA_NAME", "ISAS", "OFF", "KernelStatus", "status", "prepare", "available", "fp32_mm", "bf16_mm", "int8_mm", "int8_digits_mm",
            "int4_mm", "int4_digits_mm", "w8a8_mm",
            "w4a8_mm", "decode_attention", "switched_off", "pack_int4_bf16", "pack_int4_vnni", "pack_scales_zeros",
-           "MAX_ROWS", "OURS_UP_TO", "ours_beats_aten", "rows_label"]
+           "MAX_ROWS", "EVERY", "UP_TO", "OURS_UP_TO", "rows_up_to", "ours_beats_aten", "rows_label"]
 
 
 _status: KernelStatus | None = None   # a plain global, not functools.cache: torch.compile traces reads of it

@@ -38,7 +38,7 @@ namespace {
 enum Kind : int64_t { DENSE = 0, INT8 = 1, INT4 = 2, W8A8 = 3, W4A8 = 4, INT4_DIGITS = 5 };
 constexpr int64_t kLinears = 7;          // q, k, v, o, gate, up, down
 constexpr int64_t kTensorsPerLinear = 4; // a, b, bias, aux (empty where none; INT8's and W8A8's: Σ q of each row)
-constexpr int64_t kIntsPerLinear = 3;    // kind, group size, out features
+constexpr int64_t kIntsPerLinear = 4;    // kind, group size, out features, rows (ours up to that M, then aten's)
 constexpr int64_t kTensorsPerLayer = 2 + kLinears * kTensorsPerLinear;  // + the two norms' weights
 
 // A profiler range named for what a sub-step does; in the team, thread 0's alone (its view, barriers aside).
@@ -53,34 +53,26 @@ struct Range {
 #define VK_RANGE(name) Range vk_range_("variantlab_kernels::" name)
 
 struct Linear {
-  int64_t kind, gs, n;
+  int64_t kind, gs, n, rows;
   const at::Tensor *a, *b, *bias, *aux;
 };
 
-// Whether `linear` runs one of our kernels for this kind at M rows of K (the team needs that: aten's would run
-// whole in every thread).
-bool ours_at(const Linear& l, int64_t M, int64_t K, bool fp32) {
-  switch (l.kind) {
-    case DENSE: return fp32 || M <= 4 || K <= 1024;
-    case INT8: return M == 1 || K <= 1024;
-    case W8A8: case W4A8: case INT4_DIGITS: return true;
-    default: return false;
-  }
-}
+// Whether `linear` runs one of our kernels at M rows: up to l.rows (kernels.OURS_UP_TO at its K, from Python;
+// 0: aten's at every M). The team needs every linear on ours: aten's would run whole in every thread.
+bool ours_at(const Linear& l, int64_t M) { return M <= l.rows; }
 
 // x [M, K] (M ≤ 8) → [M, n] in x's dtype: the kernel the module itself calls at this M (quant_linear.py,
 // kernel_linear.py, kernels.OURS_UP_TO), with its bias. out: the team's shared output (this thread writes its
 // share; the bias is then the caller's), or nullptr.
 at::Tensor linear(const Linear& l, const at::Tensor& x, const at::Tensor* out = nullptr) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const bool small_k = K <= 1024;
+  const bool ours = ours_at(l, x.size(0));
   at::Tensor y;
   switch (l.kind) {
     case DENSE:
-      if (x.scalar_type() == at::kFloat) {
+      if (ours && x.scalar_type() == at::kFloat) {
         VK_RANGE("fp32_mm");
         y = vk::fp32(x, *l.a, out);
-      } else if (M <= 4 || small_k) {
+      } else if (ours) {
         VK_RANGE("bf16_mm");
         y = vk::bf16(x, *l.a, out);
       } else {
@@ -89,10 +81,10 @@ at::Tensor linear(const Linear& l, const at::Tensor& x, const at::Tensor* out = 
       }
       break;
     case INT8:
-      if ((M == 1 || small_k) && x.scalar_type() == at::kBFloat16) {
+      if (ours && x.scalar_type() == at::kBFloat16) {
         VK_RANGE("int8_digits_mm");
         y = vk::int8_digits(x, *l.a, *l.b, *l.aux, out);
-      } else if (M == 1 || small_k) {
+      } else if (ours) {
         VK_RANGE("int8_mm");
         y = vk::int8(x, *l.a, *l.b, out);
       } else {
@@ -419,8 +411,8 @@ at::Tensor decode_layers(at::Tensor h, at::TensorList tensors, at::IntArrayRef i
       const int64_t* iv = &ints[(i * kLinears + j) * kIntsPerLinear];
       const at::Tensor* lt = &tensors[i * kTensorsPerLayer + 2 + j * kTensorsPerLinear];
       Linear& l = lins[i * kLinears + j];
-      l = Linear{iv[0], iv[1], iv[2], lt, lt + 1, lt + 2, lt + 3};
-      ours = ours && ours_at(l, h.size(0), j == 6 ? lins[i * kLinears + 4].n : j == 3 ? heads * head_dim : h.size(1), fp32);
+      l = Linear{iv[0], iv[1], iv[2], iv[3], lt, lt + 1, lt + 2, lt + 3};
+      ours = ours && ours_at(l, h.size(0));
     }
   const int threads = at::get_num_threads();
   if (ours && threads > 1 && !omp_in_parallel()) {

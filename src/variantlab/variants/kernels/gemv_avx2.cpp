@@ -185,14 +185,30 @@ struct Widen {
   }
 };
 
+// x [M, K] as contiguous fp32 rows: x itself, or a bf16 x widened once into this thread's buffer (an aten
+// conversion per call would cost a dispatch and an allocation per linear; widening it in registers as it is
+// loaded, once per weight row, costs the loop more).
+inline const float* fp32_rows(const at::Tensor& x, std::vector<float>& buf) {
+  if (x.scalar_type() == at::kFloat) return x.data_ptr<float>();
+  const int64_t n = x.numel();
+  buf.resize(static_cast<size_t>(n));
+  const at::BFloat16* p = x.data_ptr<at::BFloat16>();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf.data() + i, load8(p + i));
+  for (; i < n; ++i) buf[i] = static_cast<float>(p[i]);
+  return buf.data();
+}
+
 // y [M, N] in x's dtype = x @ (w · s)ᵀ; s nullptr: no scale.
 template <typename W, typename S>
-at::Tensor widen_mm(const at::Tensor& x, const W* w, const S* s, int64_t N, const at::Tensor* out) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const auto xf = x.to(at::kFloat).contiguous();
+at::Tensor widen_mm(const at::Tensor& x_, const W* w, const S* s, int64_t N, const at::Tensor* out) {
+  const int64_t M = x_.size(0), K = x_.size(1);
+  const auto x = x_.is_contiguous() ? x_ : x_.contiguous();
+  thread_local std::vector<float> buf;
+  const float* xf = fp32_rows(x, buf);
   auto y = out_or_empty(out, M, N, x);
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
-    const float* xm = xf.data_ptr<float>() + m0 * K;
+    const float* xm = xf + m0 * K;
     if (y.scalar_type() == at::kFloat)
       dispatch_m<Widen>(std::min(kMaxM, M - m0), xm, w, s, K, N, y.data_ptr<float>() + m0 * N);
     else
