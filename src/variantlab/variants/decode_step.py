@@ -62,11 +62,14 @@ def linear_kind(module: nn.Module, dtype: torch.dtype) -> tuple[tuple[int, int, 
     if getattr(module, "k_pad", 0):
         return f"{name} pads in_features {module.in_features} to its group size"
     if isinstance(module, Int4WeightOnly) and "scales_zeros" in module._buffers:
-        return (INT4_DIGITS, module.group_size, module.out_features, MAX_ROWS), (module.packed, module.scales_zeros, bias, _EMPTY)
+        return ((INT4_DIGITS, module.group_size, module.out_features, MAX_ROWS),
+                (module.packed, module.scales_zeros, bias, _EMPTY))
     if isinstance(module, Int4WeightOnly):
-        return (INT4, module.group_size, module.out_features, 0), (module.packed, module.scales_and_zeros, bias, _EMPTY)
+        return ((INT4, module.group_size, module.out_features, 0),
+                (module.packed, module.scales_and_zeros, bias, _EMPTY))
     if isinstance(module, W4A8Module) and "packed" in module._buffers:
-        return (W4A8, module.group_size, module.out_features, MAX_ROWS), (module.packed, module.scales_zeros, bias, _EMPTY)
+        return ((W4A8, module.group_size, module.out_features, MAX_ROWS),
+                (module.packed, module.scales_zeros, bias, _EMPTY))
     return f"{name} has no kernel in the decode step"
 
 

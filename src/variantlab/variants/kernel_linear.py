@@ -5,9 +5,9 @@ On a CPU where our kernels run (variants/kernels: AVX-512 BF16 + VNNI or AVX2 + 
 module with the same parameters and state_dict (its class is swapped in place; nothing is copied),
 whose calls with few activation rows (decode: one row per sequence; up to where ours beats aten,
 `kernels.OURS_UP_TO`, per instruction set: 8 for fp32; bf16 4, or 8 with K ≤ 1024, on AVX-512, 8 on AVX2) go
-to `fp32_mm` / `bf16_mm`, and whose larger calls (prefill, scoring) stay on aten::linear. Measured at M = 1 on the build machine
-(2 threads, cold weights; benchmarks/decode_kernels.py): aten's fp32 linear reads its weight at
-16-22 GB/s and its bf16 linear at 18-20 GB/s; ours at 39-45 and 35-52.
+to `fp32_mm` / `bf16_mm`, and whose larger calls (prefill, scoring) stay on aten::linear. Measured at M = 1
+on the build machine (2 threads, cold weights; benchmarks/decode_kernels.py): aten's fp32 linear reads its
+weight at 16-22 GB/s and its bf16 linear at 18-20 GB/s; ours at 39-45 and 35-52.
 
 Where aten's bf16 matmul has no vector kernel (oneDNN's bf16 needs AVX-512: on an AVX2 CPU aten multiplies
 bf16 in scalar code), a larger bf16 call widens x and the weight to fp32 and runs aten's fp32 linear, rounding
