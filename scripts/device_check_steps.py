@@ -163,7 +163,8 @@ def step_hw(check: Check, limit: float) -> StepResult:
     configs = data["configuration"][device]
     r.figures = {"device": device, "ceilings": c, "configuration": {w: {x["name"]: x["value"] for x in cfg["choices"]}
                                                                     for w, cfg in configs.items()},
-                 "kernel_times_failed": (data["kernel_times"].get(device) or {}).get("failed")}
+                 "kernel_times_failed": {kt["compute_dtype"]: kt["failed"]          # one per compute dtype timed
+                                         for kt in data["kernel_times"].get(device) or ()}}
     mm = ", ".join(f"{d} {v:.1f}" if v else f"{d} —" for d, v in c["matmul_tflops"].items())
     picks = "; ".join(f"{w}: {cfg['recipe']}" for w, cfg in configs.items())
     r.summary = (f"{device}: copy {c['copy_gbps']:.0f} GB/s, matmul TFLOP/s {mm}, int8 "

@@ -256,7 +256,7 @@ def test_hw_prints_the_machine_and_keeps_its_ceilings(tmp_path, monkeypatch):
     assert f"measured {cpu['measured_at']}" in again.stdout                 # the same measurement, read back
     config = out["configuration"]["cpu"]                                     # what `recipe: auto` picks, and why
     assert {c["name"] for c in config["decode-heavy"]["choices"]} >= {"dtype", "recipe", "compile", "threads"}
-    assert out["kernel_times"]["cpu"]["threads"] == 1
+    assert [kt["threads"] for kt in out["kernel_times"]["cpu"]] in ([1], [1, 1])   # one per compute dtype timed
     assert "configuration for decode-heavy" in again.stdout and "configuration for batch-heavy" in again.stdout
 
 

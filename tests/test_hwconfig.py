@@ -71,6 +71,79 @@ def test_decode_picks_weight_only_and_batch_picks_past_the_crossover():
     assert decode.summary().startswith(decode.recipe)
 
 
+# Recorded on the AVX2 EPYC (no AVX-512, no native bf16; `variantlab hw`, 2026-12-06, 1024→1024, 2 threads, ms):
+# our kernels take fp32 and bf16 activations there, aten's int4 only bf16 fast (fp32 x is ~18x slower).
+AVX2_MS = {
+    "fp32": {"fp32": (0.183, 0.199, 0.259, 0.293, 0.719, 0.910, 1.496, 2.553, 4.079),
+             "bf16": (0.115, 0.144, 0.206, 0.240, 0.969, 1.145, 1.983, 3.105, 4.374),
+             "int8": (0.083, 0.140, 0.185, 0.183, 0.306, 0.579, 1.107, 2.138, 4.284),
+             "int4": (1.086, 2.096, 4.151, 8.302, 16.563, 33.395, 66.558, 131.676, 265.245),
+             "w8a8": (0.081, 0.074, 0.082, 0.111, 0.192, 0.341, 0.665, 1.272, 2.493)},
+    "bf16": {"fp32": (0.161, 0.189, 0.258, 0.279, 0.705, 0.959, 1.533, 2.504, 4.021),
+             "bf16": (0.117, 0.150, 0.208, 0.248, 1.035, 1.333, 1.965, 2.936, 4.455),
+             "int8": (0.086, 0.082, 0.111, 0.229, 0.511, 0.889, 1.645, 3.156, 6.173),
+             "int4": (0.060, 0.065, 0.095, 0.162, 0.298, 0.567, 1.105, 2.219, 4.342),
+             "w8a8": (0.072, 0.074, 0.081, 0.111, 0.188, 0.342, 0.649, 1.273, 2.472)},
+}
+
+
+@pytest.mark.parametrize("facts, device, dtypes", [
+    (cpu(HASWELL), "cpu", ("fp32", "bf16")), (cpu(SKYLAKE), "cpu", ("fp32", "bf16")),
+    (cpu("fp asimd".split()), "cpu", ("fp32", "bf16")), (cpu(ZEN4), "cpu", ("bf16",)), (cpu(SPR), "cpu", ("bf16",)),
+    (gpu("8.0"), "cuda:0", ("bf16",)), (gpu("7.5"), "cuda:0", ("fp16",)),
+    (cpu([]), "cpu", ()), (gpu("13.0"), "cuda:0", ()),
+])
+def test_kernels_are_timed_in_both_dtypes_only_where_no_rule_settles_it(facts, device, dtypes):
+    from variantlab.hwconfig import timed_dtypes
+    assert timed_dtypes(facts, None, device) == dtypes
+
+
+def test_a_cpu_without_native_bf16_computes_in_the_dtype_its_kernel_times_favour():
+    both = (kernel_times(AVX2_MS["fp32"], compute="fp32"), kernel_times(AVX2_MS["bf16"], compute="bf16"))
+    weight_only = hardware_config(cpu(HASWELL), None, both, DECODE_HEAVY, candidates=("int4", "int8"))
+    assert (weight_only.recipe, weight_only.options) == ("int4", {"compute_dtype": "bf16"})
+    reason = weight_only.choice("dtype").reason
+    assert weight_only.choice("dtype").value == "bf16" and "measured" in reason
+    assert reason.index("bf16: int4") < reason.index("fp32: int8")         # each dtype's best, least first
+    # the rule alone (one dtype timed) would have run int4 on aten's fp32 kernel, 18x slower at M = 1
+    rule = hardware_config(cpu(HASWELL), None, both[0], DECODE_HEAVY, candidates=("int4", "int8"))
+    assert (rule.choice("dtype").value, rule.recipe, rule.options) == ("fp32", "int8", {"compute_dtype": "fp32"})
+    # w8a8's activations are int8 in either dtype: where its two estimates are within 5%, the line says so
+    slower = {"w8a8": tuple(t * 1.02 for t in AVX2_MS["fp32"]["w8a8"])}
+    w8a8 = hardware_config(cpu(HASWELL), None, (kernel_times(AVX2_MS["fp32"], compute="fp32"),
+                                                kernel_times(slower, compute="bf16")), DECODE_HEAVY,
+                           candidates=("w8a8",))
+    assert w8a8.choice("dtype").value == "fp32" and "near tie" in w8a8.choice("dtype").reason
+    assert "near tie" not in weight_only.choice("dtype").reason
+
+
+def test_dense_weights_are_weighed_by_the_workload_not_by_a_dtype_rule():
+    """bf16 weights read half fp32's bytes, so they decode faster even where bf16 dot products are emulated;
+    past 8 rows fp32 wins. The workload decides: single stream bf16, offline fp32."""
+    both = (kernel_times(AVX2_MS["fp32"], compute="fp32"), kernel_times(AVX2_MS["bf16"], compute="bf16"))
+    dense = ("fp32", "bf16")
+    decode = hardware_config(cpu(HASWELL), None, both, DECODE_HEAVY, candidates=dense)
+    batch = hardware_config(cpu(HASWELL), None, both, BATCH_HEAVY, candidates=dense)
+    assert (decode.recipe, batch.recipe) == ("bf16", "fp32")
+    assert decode.choice("dtype").value == "fp32" == batch.choice("dtype").value   # no quantized candidate: the rule
+    assert decode.options == {} == batch.options
+
+
+def test_machine_inputs_time_each_dtype_the_rule_leaves_open(monkeypatch, tmp_path):
+    from variantlab import device_facts as df, hwconfig, kernel_times as kt_mod
+    from variantlab.variants import kernels as vk
+    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(vk, "available", lambda: False)     # the cache key asks; a fresh cache would build them
+    timed = []
+    monkeypatch.setattr(kt_mod, "measure_kernel_times",
+                        lambda *a, compute_dtype, **k: timed.append(compute_dtype) or kernel_times(compute=compute_dtype))
+    for flags, dtypes in ((HASWELL, ["fp32", "bf16"]), (ZEN4, ["bf16"])):
+        timed.clear()
+        monkeypatch.setattr(df, "device_facts", lambda with_gpus=False, f=flags: cpu(f))
+        inputs = hwconfig.machine_inputs(ceilings={"matmul_tflops": {}}, shape=(64, 64 + len(flags)))
+        assert timed == dtypes and [kt.compute_dtype for kt in inputs.kernel_times] == dtypes
+
+
 def test_candidates_narrow_the_choice():
     cfg = hardware_config(cpu(SPR), None, kernel_times(), DECODE_HEAVY, candidates=("fp32", "bf16"))
     assert cfg.recipe == "bf16" and cfg.options == {}
@@ -138,7 +211,9 @@ def test_recorded_json_round_trips_through_the_pure_function():
 
 def test_machine_config_never_raises_when_measuring_fails(monkeypatch, tmp_path):
     from variantlab import hwconfig, kernel_times as kt_mod
+    from variantlab.variants import kernels as vk
     monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(vk, "available", lambda: False)     # the cache key asks; a fresh cache would build them
 
     def broken(*a, **k):
         raise RuntimeError("no kernels on this machine")
@@ -149,9 +224,19 @@ def test_machine_config_never_raises_when_measuring_fails(monkeypatch, tmp_path)
     assert any("micro-benchmark failed: RuntimeError: no kernels" in n for n in cfg.notes)
 
 
-def test_the_real_measuring_path_times_every_recipe_here():
+def test_a_cpu_times_bf16_weights_whatever_the_compute_dtype():
+    from variantlab.kernel_times import QUANTIZED, paths_for
+    assert paths_for("bf16") == paths_for("fp32") == ("fp32", "bf16") + QUANTIZED
+    assert paths_for("fp32", "cuda:0") == ("fp32",) + QUANTIZED          # a GPU times its dtype's only
+    assert paths_for("fp16", "cuda:0") == ("fp32", "fp16") + QUANTIZED
+    assert paths_for("bf16", "cuda:0") == ("fp32", "bf16") + QUANTIZED
+
+
+@pytest.mark.parametrize("compute", ["bf16", "fp32"])
+def test_the_real_measuring_path_times_every_recipe_here(compute):
     from variantlab.kernel_times import measure_kernel_times
-    kt = measure_kernel_times(128, 256, parameters=128 * 256 * 4, rows=(1, 8, 64), rounds=2, threads=1)
+    kt = measure_kernel_times(128, 256, compute_dtype=compute, parameters=128 * 256 * 4, rows=(1, 8, 64),
+                              rounds=2, threads=1)
     assert set(kt.seconds) | set(kt.failed) == {"fp32", "bf16", "int8", "int4", "w8a8", "w4a8"}
     assert all(len(ts) == 3 and all(t > 0 for t in ts) for ts in kt.seconds.values())
     assert kt.copies == 4 and kt.threads == 1
@@ -162,7 +247,9 @@ def test_the_real_measuring_path_times_every_recipe_here():
 
 def test_kernel_times_are_cached_per_machine_and_shape(monkeypatch, tmp_path):
     from variantlab import kernel_times as kt_mod
+    from variantlab.variants import kernels as vk
     monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(vk, "available", lambda: False)     # the cache key asks; a fresh cache would build them
     calls = []
     monkeypatch.setattr(kt_mod, "measure_kernel_times", lambda *a, **k: calls.append(a) or kernel_times())
     first, hit = kt_mod.cached_kernel_times(1024, 1024, threads=2)
@@ -196,7 +283,7 @@ def recorded_machine(monkeypatch, tmp_path):
     """This machine's inputs replaced by recorded ones: an AVX-512 BF16 CPU and RECORDED_MS."""
     from variantlab import hwconfig
     monkeypatch.setattr(hwconfig, "machine_inputs", lambda *a, **k: hwconfig.MachineInputs(cpu(SPR), None,
-                                                                                           kernel_times()))
+                                                                                           (kernel_times(),)))
 
 
 def write_suite(tmp_path: Path, scenario="single-stream", extra="", model="builtin:tiny-structured") -> Path:

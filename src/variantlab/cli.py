@@ -392,8 +392,7 @@ def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilin
         print(json.dumps({"facts": facts.to_json(),
                           "cpu_kernels": {"available": ours.available, "reason": ours.reason},
                           "ceilings": {d: c.to_json() | {"cached": hit} for d, (c, hit) in measured.items()},
-                          "kernel_times": {d: m.kernel_times.to_json() if m.kernel_times else None
-                                           for d, m in inputs.items()},
+                          "kernel_times": {d: [kt.to_json() for kt in m.kernel_times] for d, m in inputs.items()},
                           "configuration": {d: {"decode-heavy": a.to_json(), "batch-heavy": b.to_json()}
                                             for d, (a, b) in configs.items()}},
                          indent=2))
@@ -405,8 +404,8 @@ def hw(refresh: bool = typer.Option(False, "--refresh", help="measure the ceilin
             console.print(escape(line), soft_wrap=True)
         console.print(f"({'read from' if hit else 'measured now, kept in'} {escape(str(cache_dir()))}; "
                       "--refresh measures again)")
-        kt = inputs[d].kernel_times
-        for line in (kt.lines() if kt else []) + [c2 for cfg in configs[d] for c2 in cfg.lines()]:
+        kt_lines = [line for kt in inputs[d].kernel_times for line in kt.lines()]
+        for line in kt_lines + [c2 for cfg in configs[d] for c2 in cfg.lines()]:
             console.print(escape(line), soft_wrap=True, highlight=False)
 
 

@@ -4,8 +4,11 @@
 (device_facts), what it gives (hardware.Ceilings) and what each recipe's kernels take here
 (kernel_times.KernelTimes, measured), so recorded facts of other machines test the mapping:
 
-- dtype: bf16 where the CPU has AVX-512 BF16 or AMX-BF16 or the GPU is Ampere or later (8.0+);
-  fp16 on Volta/Turing (fp16 tensor cores, no bf16); else fp32.
+- dtype (what quantized recipes compute in): bf16 where the CPU has AVX-512 BF16 or AMX-BF16 or the GPU
+  is Ampere or later (8.0+); fp16 on Volta/Turing (fp16 tensor cores, no bf16). On any other CPU the
+  kernels are timed in fp32 and in bf16 (timed_dtypes: our kernels widen bf16 in registers there) and
+  the dtype whose best quantized recipe is faster for the workload wins. Else fp32. On a CPU the bf16
+  recipe is timed whatever the dtype (kernel_times.paths_for), so the recipe choice weighs it.
 - recipe: the timed path with the least estimated linear-layer time over the workload's phases
   (decode steps at M = batch rows, prefills at M = batch × prompt tokens); beside it the fastest path
   at decode (M = 1) and at the workload's batch, and the crossover: the first M where the best
@@ -176,8 +179,41 @@ def choose_dtype(facts, ceilings=None, device: str = "cpu") -> tuple[Choice, str
     if native:
         return Choice("dtype", "bf16", f"the CPU has {' and '.join(native)} (native bf16 dot products): "
                                        f"half the bytes of fp32 per weight{measured}"), None
-    return Choice("dtype", "fp32", "the CPU has neither AVX-512 BF16 nor AMX-BF16: bf16 would be emulated "
-                                   f"(converted to fp32 per call){measured}"), None
+    return Choice("dtype", "fp32", "the CPU has neither AVX-512 BF16 nor AMX-BF16 (bf16 dot products would be "
+                                   f"emulated): fp32, unless kernel times in both dtypes say otherwise{measured}"), None
+
+
+def timed_dtypes(facts, ceilings=None, device: str = "cpu") -> tuple[str, ...]:
+    """The compute dtypes a configuration's kernel times are measured in: the rule's (choose_dtype); on a
+    CPU whose rule says fp32, bf16 too, since our kernels take bf16 activations there as well (widened in
+    registers, the weights read at half the bytes or fewer) and only the timing says which one a workload
+    should compute in. None for hardware the rule does not know (the fallback)."""
+    dtype, unknown = choose_dtype(facts, ceilings, device)
+    if unknown:
+        return ()
+    return ("fp32", "bf16") if dtype.value == "fp32" and not device.startswith("cuda") else (dtype.value,)
+
+
+def _measured_dtype(rule: Choice, kts, workload: Workload, candidates) -> tuple[Choice, Any]:
+    """(the dtype choice, its kernel times) where kernel times in several compute dtypes were measured: the
+    dtype whose best quantized recipe has the least estimated time for the workload; the rule's dtype
+    where no quantized recipe among the candidates was timed (the dense recipes do not compute in it)."""
+    best = []
+    for kt in kts:
+        quantized = [p for p in kt.seconds if takes_compute_dtype(p) and (candidates is None or p in candidates)]
+        if quantized:
+            p, s = min(((p, _estimate(kt, p, workload)) for p in quantized), key=lambda ps: ps[1])
+            best.append((s, kt.compute_dtype, p, kt))
+    if not best:
+        return rule, next((kt for kt in kts if kt.compute_dtype == rule.value), kts[0])
+    best.sort(key=lambda b: b[0])
+    figures = " < ".join(f"{d}: {p} {s:.3g} s" for s, d, p, _ in best)
+    if len(best) > 1 and best[1][0] < best[0][0] * (1 + NEAR_TIE):
+        figures += f" (a near tie: within {NEAR_TIE:.0%}, which a noisy machine can reverse)"
+    return Choice("dtype", best[0][1], f"measured: quantized recipes timed computing in "
+                                       f"{' and '.join(kt.compute_dtype for kt in kts)} (the rule alone: "
+                                       f"{rule.value}); the least estimated linear-layer time for this workload, "
+                                       f"each dtype's best: {figures}"), best[0][3]
 
 
 def _ms(s: float) -> str:
@@ -264,21 +300,33 @@ def _compile_choice(kt, workload: Workload, recipe: str, fallback: bool) -> Choi
                                    f"{'>' if pays else '<'} {COMPILE_S:.0f} s")
 
 
+def _kernel_times(kernel_times) -> tuple:
+    """None, one KernelTimes (or its JSON) or a sequence of them (one per compute dtype) → a tuple."""
+    from .kernel_times import KernelTimes
+    if kernel_times is None:
+        return ()
+    many = kernel_times if isinstance(kernel_times, (list, tuple)) else (kernel_times,)
+    return tuple(KernelTimes.from_json(k) if isinstance(k, dict) else k for k in many)
+
+
 def hardware_config(facts, ceilings, kernel_times, workload: Workload, *, device: str | None = None,
                     candidates=None) -> HardwareConfig:
     """The configuration for `workload` on `device` (default: the first GPU in facts, else the CPU).
-    Pure: facts, ceilings and kernel times are recorded data (dicts or the dataclasses). Never raises
+    Pure: facts, ceilings and kernel times are recorded data (dicts or the dataclasses; kernel times one
+    record, or one per compute dtype timed, from which the dtype is then chosen). Never raises
     for hardware it does not know: it falls back to fp32, no quantization, eager, with a note."""
-    from .kernel_times import KernelTimes
     if device is None:
         device = "cuda:0" if _get(facts, "gpus") else "cpu"
-    if isinstance(kernel_times, dict):
-        kernel_times = KernelTimes.from_json(kernel_times)
+    kts = _kernel_times(kernel_times)
     notes: list[str] = []
     dtype, unknown = choose_dtype(facts, ceilings, device)
     if unknown:
         notes.append(unknown)
-    kt = kernel_times if not unknown else None
+        kt = None
+    elif len(kts) > 1:
+        dtype, kt = _measured_dtype(dtype, kts, workload, candidates)
+    else:
+        kt = kts[0] if kts else None
     paths = []
     if kt is not None:
         paths = [p for p in kt.seconds if candidates is None or p in candidates]
@@ -336,7 +384,7 @@ class MachineInputs:
 
     facts: Any
     ceilings: Any
-    kernel_times: Any
+    kernel_times: tuple        # one KernelTimes per compute dtype timed (timed_dtypes); () where none was
     notes: tuple[str, ...] = ()
 
 
@@ -350,21 +398,21 @@ def machine_inputs(device: str = "cpu", *, shape: tuple[int, int] | None = None,
 
     facts = device_facts(with_gpus=device.startswith("cuda"))
     notes: list[str] = []
-    kt = None
+    kts = []
     try:
         ceilings = ceilings or cached_ceilings(device, refresh=refresh)[0]
     except Exception as e:   # noqa: BLE001 - a configuration never crashes on the machine it describes
         notes.append(f"ceilings not measured: {type(e).__name__}: {e}")
-    dtype, unknown = choose_dtype(facts, ceilings, device)
-    if not unknown:
+    for dtype in timed_dtypes(facts, ceilings, device):
         try:
             k, n = shape or SHAPE
-            kt = cached_kernel_times(k, n, device=device, compute_dtype=dtype.value,
-                                     parameters=parameters or PARAMETERS, threads=threads, refresh=refresh)[0]
+            kts.append(cached_kernel_times(k, n, device=device, compute_dtype=dtype,
+                                           parameters=parameters or PARAMETERS, threads=threads, refresh=refresh)[0])
         except Exception as e:   # noqa: BLE001 - likewise: the fallback, and a note saying why
             first = str(e).splitlines()[0] if str(e) else ""
             notes.append(f"kernel micro-benchmark failed: {type(e).__name__}: {first}")
-    return MachineInputs(facts, ceilings, kt, tuple(notes))
+            break
+    return MachineInputs(facts, ceilings, tuple(kts), tuple(notes))
 
 
 def machine_config(workload: Workload, *, device: str = "cpu", shape: tuple[int, int] | None = None,

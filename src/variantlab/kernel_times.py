@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 from .variants.registry import kernel_recipes
 
-DENSE = ("fp32",)                                  # plus the compute dtype (bf16, or fp16 on older GPUs)
+DENSE = ("fp32",)                                  # plus bf16 on a CPU and the compute dtype (paths_for)
 QUANTIZED = kernel_recipes()                      # int8, int4, w8a8, w4a8 (sparse: CUDA only, not timed)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SHAPE = (1024, 1024)                               # in → out features when no model is given
@@ -35,7 +35,7 @@ PARAMETERS = 64 * 1024 * 1024                      # linear weights of the model
 MAX_COPIES = 96
 ROUNDS = 7
 SAMPLE_S = 2e-3                                    # consecutive calls per timed sample: about this long
-VERSION = 2                                        # bump when what is measured changes (old caches are ignored)
+VERSION = 3                                        # bump when what is measured changes (old caches are ignored)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ class KernelTimes:
 
     def lines(self) -> list[str]:
         """A table in words: one line per path, ms per call at each M."""
-        head = f"{self.shape} linear, {self.threads} threads, {self.device}, ms per call at M ="
+        head = (f"{self.shape} linear, {self.threads} threads, {self.device}, quantized recipes computing in "
+                f"{self.compute_dtype}, ms per call at M =")
         out = [head + " " + " ".join(f"{m:>6}" for m in self.rows)]
         for p, ts in self.seconds.items():
             out.append(f"  {p:<5} " + " ".join(f"{t * 1e3:6.3f}" for t in ts))
@@ -93,9 +94,14 @@ class KernelTimes:
         return out
 
 
-def paths_for(compute_dtype: str) -> tuple[str, ...]:
-    """The recipes timed for a compute dtype: fp32, the compute dtype's dense recipe, the quantized ones."""
-    return DENSE + ((compute_dtype,) if compute_dtype != "fp32" else ()) + QUANTIZED
+def paths_for(compute_dtype: str, device: str = "cpu") -> tuple[str, ...]:
+    """The recipes timed for a compute dtype: fp32, the compute dtype's dense recipe, the quantized ones;
+    on a CPU bf16 as well, whatever the compute dtype: where the CPU has no bf16 dot products (AVX2) our
+    kernels widen bf16 weights in registers, so they still read half fp32's bytes, and only the timing
+    says which of the two a workload should run."""
+    cpu_bf16 = ("bf16",) if not device.startswith("cuda") else ()
+    return tuple(dict.fromkeys(DENSE + cpu_bf16 + ((compute_dtype,) if compute_dtype != "fp32" else ())
+                               + QUANTIZED))
 
 
 def _load_average() -> float | None:
@@ -139,8 +145,8 @@ def build_layer(path: str, weight, compute_dtype: str, device: str):
 def measure_kernel_times(in_features: int = SHAPE[0], out_features: int = SHAPE[1], *, device: str = "cpu",
                          compute_dtype: str = "bf16", parameters: int = PARAMETERS, rows=ROWS,
                          rounds: int = ROUNDS, threads: int | None = None) -> KernelTimes:
-    """Time every path of `paths_for(compute_dtype)` at every row count (module docstring); with `threads`
-    torch threads (default: torch's), restored after."""
+    """Time every path of `paths_for(compute_dtype, device)` at every row count (module docstring); with
+    `threads` torch threads (default: torch's), restored after."""
     import copy
     import datetime
 
@@ -157,7 +163,7 @@ def measure_kernel_times(in_features: int = SHAPE[0], out_features: int = SHAPE[
         weight = torch.randn(out_features, in_features, generator=gen) * 0.05
         copies_wanted = max(1, min(MAX_COPIES, math.ceil(parameters / (in_features * out_features))))
         built, failed, kernels = {}, {}, {}
-        for path in paths_for(compute_dtype):
+        for path in paths_for(compute_dtype, device):
             try:
                 module, dtype, labels = build_layer(path, weight, compute_dtype, device)
             except (VariantlabError, RuntimeError, NotImplementedError) as e:
