@@ -185,9 +185,9 @@ def choose_dtype(facts, ceilings=None, device: str = "cpu") -> tuple[Choice, str
 
 def timed_dtypes(facts, ceilings=None, device: str = "cpu") -> tuple[str, ...]:
     """The compute dtypes a configuration's kernel times are measured in: the rule's (choose_dtype); on a
-    CPU whose rule says fp32, bf16 too, since our kernels take bf16 activations there as well (widened in
-    registers, the weights read at half the bytes or fewer) and only the timing says which one a workload
-    should compute in. None for hardware the rule does not know (the fallback)."""
+    CPU whose rule says fp32, bf16 too: our kernels take bf16 activations there as well (widened in
+    registers), aten's int4 kernel is fast only with them, and only the timing says which dtype a workload
+    should compute in. () for hardware the rule does not know (the fallback)."""
     dtype, unknown = choose_dtype(facts, ceilings, device)
     if unknown:
         return ()
