@@ -126,6 +126,27 @@ def test_a_layer_whose_linears_each_run_another_kernel(our_kernels, qwen2_dir):
     assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[3])
 
 
+@pytest.mark.parametrize("k", [768, 1024, 1025, 2048, 4096])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_avx512_the_rows_from_python_are_the_rule_the_step_kept_in_cpp(monkeypatch, k, dtype):
+    """Before the per-ISA table the C++ step chose ours per linear itself, for AVX-512 (commit 0546fbb:
+    dense: fp32, or M ≤ 4, or K ≤ 1024; int8: M = 1 or K ≤ 1024). Under the AVX-512 table the rows Python
+    hands it give the same choice at every M the step runs, on any host (pure: nothing runs a kernel)."""
+    from torch import nn
+
+    from variantlab.variants.decode_step import MAX_ROWS, linear_kind
+    from variantlab.variants.quant_linear import Int8WeightOnly
+    monkeypatch.setattr(vk, "OURS_UP_TO", vk.UP_TO["AVX-512"])
+    fp32 = dtype == torch.float32
+    dense = nn.Linear(k, 16, bias=False).to(dtype)
+    int8 = Int8WeightOnly(nn.Linear(k, 16, bias=False).to(dtype), dtype)
+    for module, old_rule in ((dense, lambda m: fp32 or m <= 4 or k <= 1024), (int8, lambda m: m == 1 or k <= 1024)):
+        kind = linear_kind(module, dtype)
+        assert not isinstance(kind, str), kind
+        rows = kind[0][3]
+        assert [m <= rows for m in range(1, MAX_ROWS + 1)] == [old_rule(m) for m in range(1, MAX_ROWS + 1)]
+
+
 def test_the_step_advances_the_cache_and_hands_wide_batches_to_transformers(our_kernels, tiny_model_dir):
     ours, theirs = engines(tiny_model_dir)
     calls = []
