@@ -256,7 +256,11 @@ def test_hw_prints_the_machine_and_keeps_its_ceilings(tmp_path, monkeypatch):
     assert f"measured {cpu['measured_at']}" in again.stdout                 # the same measurement, read back
     config = out["configuration"]["cpu"]                                     # what `recipe: auto` picks, and why
     assert {c["name"] for c in config["decode-heavy"]["choices"]} >= {"dtype", "recipe", "compile", "threads"}
-    assert [kt["threads"] for kt in out["kernel_times"]["cpu"]] in ([1], [1, 1])   # one per compute dtype timed
+    timed = out["kernel_times"]["cpu"]                                        # one table per compute dtype timed
+    assert [kt["threads"] for kt in timed] in ([1], [1, 1])
+    assert [kt["compute_dtype"] for kt in timed] == (["bf16"] if out["facts"]["isa"].get("AVX-512 BF16")
+                                                     or out["facts"]["isa"].get("AMX-BF16") else ["fp32", "bf16"])
+    assert again.stdout.count("quantized recipes computing in") == len(timed)
     assert "configuration for decode-heavy" in again.stdout and "configuration for batch-heavy" in again.stdout
 
 
