@@ -135,8 +135,8 @@ def test_machine_inputs_time_each_dtype_the_rule_leaves_open(monkeypatch, tmp_pa
     monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(vk, "available", lambda: False)     # the cache key asks; a fresh cache would build them
     timed = []
-    monkeypatch.setattr(kt_mod, "measure_kernel_times",
-                        lambda *a, compute_dtype, **k: timed.append(compute_dtype) or kernel_times(compute=compute_dtype))
+    monkeypatch.setattr(kt_mod, "measure_kernel_times", lambda *a, compute_dtype, **k:
+                        timed.append(compute_dtype) or kernel_times(compute=compute_dtype))
     for flags, dtypes in ((HASWELL, ["fp32", "bf16"]), (ZEN4, ["bf16"])):
         timed.clear()
         monkeypatch.setattr(df, "device_facts", lambda with_gpus=False, f=flags: cpu(f))
