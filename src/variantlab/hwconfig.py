@@ -7,8 +7,9 @@
 - dtype (what quantized recipes compute in): bf16 where the CPU has AVX-512 BF16 or AMX-BF16 or the GPU
   is Ampere or later (8.0+); fp16 on Volta/Turing (fp16 tensor cores, no bf16). On any other CPU the
   kernels are timed in fp32 and in bf16 (timed_dtypes: our kernels widen bf16 in registers there) and
-  the dtype whose best quantized recipe is faster for the workload wins. Else fp32. On a CPU the bf16
-  recipe is timed whatever the dtype (kernel_times.paths_for), so the recipe choice weighs it.
+  the dtype whose best quantized recipe is faster for the workload wins; fp32 where nothing decides it.
+  On a CPU the bf16 recipe is timed whatever the dtype (kernel_times.paths_for): the recipe choice
+  weighs it.
 - recipe: the timed path with the least estimated linear-layer time over the workload's phases
   (decode steps at M = batch rows, prefills at M = batch × prompt tokens); beside it the fastest path
   at decode (M = 1) and at the workload's batch, and the crossover: the first M where the best
