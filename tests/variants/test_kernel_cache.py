@@ -278,3 +278,37 @@ def test_variantlab_kernels_0_still_switches_them_off_before_any_build(tiny_kern
                                              "aten runs instead"
     assert said == [] and not (tmp_path / "cache").exists()       # nothing compiled, nothing written
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", _build.ISAS, ids=lambda isa: isa.name)
+def test_the_source_of_an_instruction_set_this_cpu_lacks_compiles_and_links_here(isa, tmp_path):
+    """A host builds only its own instruction set's kernels (`_build.ISA`), so an edit could break the other's
+    source unseen until a CPU that needs it runs. Here that source, with the step and the ops, is compiled with
+    its own flags and linked with every symbol resolved (-Wl,--no-undefined); never loaded: its instructions
+    need not run on this CPU."""
+    import shutil
+    import sysconfig
+
+    import torch
+    from torch.utils import cpp_extension
+    if isa is _build.ISA:
+        pytest.skip(f"{isa.name} is this CPU's: built and run by tests/variants/test_kernels.py")
+    cxx = os.environ.get("CXX") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    ext = isa.extension()
+    includes = [f for p in (*cpp_extension.include_paths(), sysconfig.get_paths()["include"]) for f in ("-isystem", p)]
+    flags = ["-std=c++17", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             f"-DTORCH_EXTENSION_NAME={ext.name}", *includes, *ext.cflags]
+    objects = []
+    for source in ext.sources:
+        objects.append(tmp_path / f"{source.stem}.o")
+        done = subprocess.run([cxx, "-c", str(source), "-o", str(objects[-1]), *flags], capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, f"{source.name} does not compile for {isa.name}:\n{done.stderr[-4000:]}"
+    torch_lib = Path(torch.__file__).parent / "lib"
+    done = subprocess.run([cxx, "-shared", *map(str, objects), "-o", str(tmp_path / "kernels.so"), *ext.ldflags,
+                           f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-Wl,--no-undefined"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{isa.name}'s kernels do not link:\n{done.stderr[-4000:]}"
