@@ -129,7 +129,7 @@ def test_a_layer_whose_linears_each_run_another_kernel(our_kernels, qwen2_dir):
 @pytest.mark.parametrize("k", [768, 1024, 1025, 2048, 4096])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_avx512_the_rows_from_python_are_the_rule_the_step_kept_in_cpp(monkeypatch, k, dtype):
-    """Before the per-ISA table the C++ step chose ours per linear itself, for AVX-512 (commit 0546fbb:
+    """Before the per-ISA table the C++ step chose ours per linear itself, for AVX-512 (before commit 0280e43:
     dense: fp32, or M ≤ 4, or K ≤ 1024; int8: M = 1 or K ≤ 1024). Under the AVX-512 table the rows Python
     hands it give the same choice at every M the step runs, on any host (pure: nothing runs a kernel)."""
     from torch import nn
