@@ -31,6 +31,16 @@ SKYLAKE = "fpu sse sse2 avx avx2 fma avx512f avx512bw".split()
 HASWELL = "fpu sse sse2 avx avx2 fma".split()
 
 
+@pytest.fixture
+def empty_cache(monkeypatch, tmp_path):
+    """A kernel-times cache of the test's own, with our kernels reported absent: the cache key asks whether they
+    run, and in a fresh cache that would build them (40-70 s)."""
+    from variantlab.variants import kernels as vk
+    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(vk, "available", lambda: False)
+    return tmp_path
+
+
 def kernel_times(ms=RECORDED_MS, compute="bf16", failed=None) -> KernelTimes:
     return KernelTimes("cpu", 2, 1024, 1024, compute, 64, ROWS,
                        {p: tuple(t / 1e3 for t in ts) for p, ts in ms.items()}, {p: () for p in ms},
@@ -129,11 +139,8 @@ def test_dense_weights_are_weighed_by_the_workload_not_by_a_dtype_rule():
     assert decode.options == {} == batch.options
 
 
-def test_machine_inputs_time_each_dtype_the_rule_leaves_open(monkeypatch, tmp_path):
+def test_machine_inputs_time_each_dtype_the_rule_leaves_open(monkeypatch, empty_cache):
     from variantlab import device_facts as df, hwconfig, kernel_times as kt_mod
-    from variantlab.variants import kernels as vk
-    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(vk, "available", lambda: False)     # the cache key asks; a fresh cache would build them
     timed = []
     monkeypatch.setattr(kt_mod, "measure_kernel_times", lambda *a, compute_dtype, **k:
                         timed.append(compute_dtype) or kernel_times(compute=compute_dtype))
@@ -209,11 +216,8 @@ def test_recorded_json_round_trips_through_the_pure_function():
     assert json.loads(json.dumps(cfg.to_json()))["recipe"] == cfg.recipe
 
 
-def test_machine_config_never_raises_when_measuring_fails(monkeypatch, tmp_path):
+def test_machine_config_never_raises_when_measuring_fails(monkeypatch, empty_cache):
     from variantlab import hwconfig, kernel_times as kt_mod
-    from variantlab.variants import kernels as vk
-    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(vk, "available", lambda: False)     # the cache key asks; a fresh cache would build them
 
     def broken(*a, **k):
         raise RuntimeError("no kernels on this machine")
@@ -245,11 +249,8 @@ def test_the_real_measuring_path_times_every_recipe_here(compute):
     assert cfg.recipe in kt.seconds
 
 
-def test_kernel_times_are_cached_per_machine_and_shape(monkeypatch, tmp_path):
+def test_kernel_times_are_cached_per_machine_and_shape(monkeypatch, empty_cache):
     from variantlab import kernel_times as kt_mod
-    from variantlab.variants import kernels as vk
-    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(vk, "available", lambda: False)     # the cache key asks; a fresh cache would build them
     calls = []
     monkeypatch.setattr(kt_mod, "measure_kernel_times", lambda *a, **k: calls.append(a) or kernel_times())
     first, hit = kt_mod.cached_kernel_times(1024, 1024, threads=2)
