@@ -18,6 +18,16 @@ constexpr int64_t kMaxM = 8;   // the kernels' M; above it they loop over chunks
 // Inside a team (vk::set_team), this thread's share of [0, n): OpenMP's static split; outside, all of it.
 thread_local bool t_team = false;
 
+#ifdef VK_SERIAL
+// One thread, and no call out of the kernels (no OpenMP, no thread-local, no aten): how the emulator's harness
+// builds them (tests/variants/avx512_harness.cpp), to run an instruction set this CPU lacks.
+inline std::pair<int64_t, int64_t> share(int64_t n) { return {0, n}; }
+
+template <typename F>
+void par_for(int64_t begin, int64_t end, int64_t, const F& f) {
+  if (begin < end) f(begin, end);
+}
+#else
 inline std::pair<int64_t, int64_t> share(int64_t n) {
   if (!t_team) return {0, n};
   const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -31,6 +41,7 @@ void par_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   const auto [b0, b1] = share(end - begin);
   if (b0 < b1) f(begin + b0, begin + b1);
 }
+#endif
 
 // y given (a team's shared output, [M, n] in x's dtype) or made here.
 inline at::Tensor out_or_empty(const at::Tensor* out, int64_t M, int64_t n, const at::Tensor& x) {
@@ -136,8 +147,11 @@ struct PackedInt4 {
     template <typename S, bool Z>
     static void typed(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
                       int64_t G, int64_t gs, float* y, int64_t N16) {
-      const uint8_t* p = packed.data_ptr<uint8_t>();
-      const S* s = sz.data_ptr<S>();
+      blocks<S, Z>(packed.data_ptr<uint8_t>(), sz.data_ptr<S>(), x, xs, K, G, gs, y, N16);
+    }
+    template <typename S, bool Z>
+    static void blocks(const uint8_t* p, const S* s, const X* x, const float* xs, int64_t K, int64_t G, int64_t gs,
+                       float* y, int64_t N16) {
       par_for(0, N16 / 16, 1, [&](int64_t b0, int64_t b1) {
         alignas(64) float out[M * 16];
         for (int64_t b = b0; b < b1; ++b) {

@@ -1,0 +1,226 @@
+// The AVX-512 kernels (gemv_avx512.cpp, included whole) behind plain C entry points, for a CPU emulator to call:
+// tests/variants/avx512_emulator.py loads this library's bytes into an emulated AVX-512 CPU and calls one entry
+// point at a time, on buffers of its own. Built with -DVK_SERIAL (common.h): one thread, nothing called outside
+// the library (and -Wl,-Bsymbolic, the few libc functions the compiler calls defined below), so the code runs
+// with no OS and no dynamic linker beneath it. Each entry point does what the library's op of the same
+// name does around the kernels (dispatch on M in chunks of 8, the activations' quantization), on pointers in
+// place of tensors; fp32 out unless `bf16` says bf16 (then x, w and y are bf16, as the ops take them). Float
+// arguments come by pointer: every argument is an integer register.
+#include <cpuid.h>
+
+#include "gemv_avx512.cpp"
+
+namespace {
+
+using bf16_t = at::BFloat16;
+
+template <typename D, typename T>
+struct DenseRun {
+  template <int M>
+  struct At {
+    static void run(const typename D::E* x, const typename D::E* w, int64_t K, int64_t N, T* y) {
+      dense_run<D, M>(x, w, K, N, y);
+    }
+  };
+};
+
+template <typename T>
+struct Int8Run {
+  template <int M>
+  struct At {
+    static void run(const float* x, const int8_t* q, const T* s, int64_t K, int64_t N, T* y) {
+      int8_run<M>(x, q, s, K, N, y);
+    }
+  };
+};
+
+// int8 activations against int8 weights: w8a8's rows, or (Digits) int8_digits' two digit rows a row of x.
+template <typename T, bool Digits>
+struct Int8xRun {
+  template <int M>
+  struct At {
+    static void run(const uint8_t* xu, int64_t Kp, const int8_t* q, const T* s, const float* a, int64_t K,
+                    int64_t N, T* y, const int32_t* wsums) {
+      if constexpr (Digits)
+        for (int64_t n = 0; n < N; ++n) digits_row<2 * M>(xu, Kp, q, s, a, K, n, y, N, wsums);
+      else
+        w8a8_run<M>(xu, Kp, q, s, a, K, N, y, wsums);
+    }
+  };
+};
+
+template <typename B, typename X, typename S, bool Z>
+struct BlocksRun {
+  template <int M>
+  struct At {
+    static void run(const uint8_t* p, const S* s, const X* x, const float* xs, int64_t K, int64_t G, int64_t gs,
+                    float* y, int64_t N16) {
+      PackedInt4<B, X>::template At<M>::template blocks<S, Z>(p, s, x, xs, K, G, gs, y, N16);
+    }
+  };
+};
+
+// xq [R, K] int8 or bf16 pairs' values: Σ per group [R, G] in fp32 (the ops sum them with aten or a loop).
+template <typename E>
+void group_sums(const E* x, int64_t R, int64_t K, int64_t gs, float* xs) {
+  const int64_t G = K / gs;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      float t = 0;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) t += static_cast<float>(x[r * K + k]);
+      xs[r * G + g] = t;
+    }
+}
+
+void plus_128(int8_t* xq, int64_t n) {   // xq + 128 as u8, as the ops do before dpbusd
+  for (int64_t i = 0; i < n; ++i) xq[i] = static_cast<int8_t>(static_cast<uint8_t>(xq[i]) ^ 0x80);
+}
+
+// yf [R, N16] from R int8 rows xq [R, K] against packed int4 (w4a8's layout): the ops' w4a8_rows_core.
+void w4a8_core(const int8_t* xq, int64_t R, const uint8_t* p, const float* sz, bool zeros, int64_t K, int64_t gs,
+               int64_t N16, float* xs, float* yf) {
+  const int64_t G = K / gs;
+  group_sums(xq, R, K, gs, xs);
+  const int32_t* xq4 = reinterpret_cast<const int32_t*>(xq);
+  for (int64_t m0 = 0; m0 < R; m0 += kMaxM) {
+    const int64_t m = std::min(kMaxM, R - m0);
+    if (zeros)
+      dispatch_m<BlocksRun<W4A8Blocks, int32_t, float, true>::At>(m, p, sz, xq4 + m0 * K / 4, xs + m0 * G, K, G, gs,
+                                                                  yf + m0 * N16, N16);
+    else
+      dispatch_m<BlocksRun<W4A8Blocks, int32_t, float, false>::At>(m, p, sz, xq4 + m0 * K / 4, xs + m0 * G, K, G, gs,
+                                                                   yf + m0 * N16, N16);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// What the compiler calls on its own (an array zeroed, a copy; sqrtf on a negative number, for errno), defined
+// here and bound here (-Wl,-Bsymbolic): nothing is linked dynamically in the emulator, so a call to libc would
+// land on an unmapped page.
+void* memset(void* d, int c, size_t n) {
+  void* r = d;
+  asm volatile("rep stosb" : "+D"(d), "+c"(n) : "a"(c) : "memory");
+  return r;
+}
+void* memcpy(void* d, const void* s, size_t n) {
+  void* r = d;
+  asm volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(n) : : "memory");
+  return r;
+}
+void* memmove(void* d, const void* s, size_t n) {
+  if (d <= s || (const char*)s + n <= (char*)d) return memcpy(d, s, n);
+  char* de = (char*)d + n - 1;
+  const char* se = (const char*)s + n - 1;
+  asm volatile("std\n\trep movsb\n\tcld" : "+D"(de), "+S"(se), "+c"(n) : : "memory");
+  return d;
+}
+float sqrtf(float x) { return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x))); }
+
+void vke_cpuid(uint32_t leaf, uint32_t subleaf, uint32_t* out) {   // eax, ebx, ecx, edx
+  __cpuid_count(leaf, subleaf, out[0], out[1], out[2], out[3]);
+}
+
+void vke_fp32(const float* x, const float* w, int64_t M, int64_t K, int64_t N, float* y) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+    dispatch_m<DenseRun<Fp32Dense, float>::At>(std::min(kMaxM, M - m0), x + m0 * K, w, K, N, y + m0 * N);
+}
+
+void vke_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, bf16_t* y) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+    dispatch_m<DenseRun<Bf16Dense, bf16_t>::At>(std::min(kMaxM, M - m0), x + m0 * K, w, K, N, y + m0 * N);
+}
+
+// int8_mm: x fp32 (the op converts bf16 x to fp32 first); s and y fp32, or both bf16.
+void vke_int8(const float* x, const int8_t* q, const void* s, int64_t M, int64_t K, int64_t N, void* y, int bf16) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
+    const int64_t m = std::min(kMaxM, M - m0);
+    if (bf16)
+      dispatch_m<Int8Run<bf16_t>::At>(m, x + m0 * K, q, (const bf16_t*)s, K, N, (bf16_t*)y + m0 * N);
+    else
+      dispatch_m<Int8Run<float>::At>(m, x + m0 * K, q, (const float*)s, K, N, (float*)y + m0 * N);
+  }
+}
+
+// w8a8_mm (digits = 0) and int8_digits_mm (digits = 1): x, s, y all fp32 or all bf16; wsums or null;
+// xq: scratch int8 [M·(1 + digits), Kp] zeroed (Kp = K rounded up to 64), a: [M].
+void vke_w8a8(const void* x, const int8_t* q, const void* s, const int32_t* wsums, int64_t M, int64_t K, int64_t N,
+              void* y, int bf16, int digits, int8_t* xq, float* a) {
+  const int64_t Kp = (K + 63) / 64 * 64, rows = digits ? 2 : 1;
+  if (digits) {
+    if (bf16) digits_rows((const bf16_t*)x, M, K, K, xq, Kp, a);
+    else digits_rows((const float*)x, M, K, K, xq, Kp, a);
+  } else {
+    if (bf16) quantize_rows_typed((const bf16_t*)x, M, K, K, xq, Kp, a);
+    else quantize_rows_typed((const float*)x, M, K, K, xq, Kp, a);
+  }
+  plus_128(xq, rows * M * Kp);
+  const auto* xu = reinterpret_cast<const uint8_t*>(xq);
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
+    const int64_t m = std::min(kMaxM, M - m0);
+    const uint8_t* xm = xu + rows * m0 * Kp;
+    auto go = [&](auto t, auto d) {
+      using T = decltype(t);
+      dispatch_m<Int8xRun<T, decltype(d)::value>::template At>(m, xm, Kp, q, (const T*)s, a + m0, K, N,
+                                                               (T*)y + m0 * N, wsums);
+    };
+    if (bf16 && digits) go(bf16_t{}, std::true_type{});
+    else if (bf16) go(bf16_t{}, std::false_type{});
+    else if (digits) go(float{}, std::true_type{});
+    else go(float{}, std::false_type{});
+  }
+}
+
+// int4_mm on bf16 x [M, K] (the op runs fp32 x as two bf16 rows, common.h's bf16_rows): yf fp32 [M, N16];
+// sz fp32 scales and zeros [N/16, G, 2, 16]; xs: scratch [M, G].
+void vke_int4(const bf16_t* x, const uint8_t* p, const float* sz, int64_t M, int64_t K, int64_t gs, int64_t N16,
+              float* yf, float* xs) {
+  const int64_t G = K / gs;
+  group_sums(x, M, K, gs, xs);
+  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+    dispatch_m<BlocksRun<Int4Blocks, uint32_t, float, true>::At>(std::min(kMaxM, M - m0), p, sz, xp + m0 * K / 2,
+                                                                 xs + m0 * G, K, G, gs, yf + m0 * N16, N16);
+}
+
+// w4a8_mm (digits = 0) and int4_digits_mm (digits = 1) on fp32 x [M, K]: y fp32 [M, n]; sz fp32, with zeros
+// ([N/16, G, 2, 16]) or the scales alone ([N/16, G, 16]); scratch xq int8 [M·(1 + digits), K], a [M],
+// xs [M·(1 + digits), G], yf [M·(1 + digits), N16].
+void vke_w4a8(const float* x, const uint8_t* p, const float* sz, int zeros, int64_t M, int64_t K, int64_t gs,
+              int64_t n, int64_t N16, float* y, int digits, int8_t* xq, float* a, float* xs, float* yf) {
+  if (digits) digits_rows(x, M, K, K, xq, K, a);
+  else quantize_rows_typed(x, M, K, K, xq, K, a);
+  const int64_t rows = digits ? 2 * M : M;
+  w4a8_core(xq, rows, p, sz, zeros != 0, K, gs, N16, xs, yf);
+  if (digits) combine_digits(yf, N16, a, M, n, y);
+  else scale_rows_into(yf, N16, a, M, n, y);
+}
+
+// One query position per head against the first L positions of k, v [Hkv, Lmax, D] (contiguous), keep [L] or
+// null; H query heads, grouped over Hkv; scores: scratch [L]; out [H, D]. fp32 or bf16 throughout.
+void vke_attention(const void* q, const void* k, const void* v, int64_t H, int64_t Hkv, int64_t L, int64_t Lmax,
+                   int64_t D, const bool* keep, const float* scale, float* scores, void* out, int bf16) {
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = h / (H / Hkv), kv = g * Lmax * D;
+    if (bf16)
+      attend_one<bf16_t>((const bf16_t*)q + h * D, (const bf16_t*)k + kv, (const bf16_t*)v + kv, L, D, D, keep, 1,
+                         *scale, scores, (bf16_t*)out + h * D);
+    else
+      attend_one<float>((const float*)q + h * D, (const float*)k + kv, (const float*)v + kv, L, D, D, keep, 1,
+                        *scale, scores, (float*)out + h * D);
+  }
+}
+
+void vke_silu_mul(void* g, const void* u, int64_t n, int bf16) {
+  if (bf16) vk::silu_mul_typed((bf16_t*)g, (const bf16_t*)u, n);
+  else vk::silu_mul_typed((float*)g, (const float*)u, n);
+}
+
+void vke_rms_norm(const void* h, const void* w, int64_t M, int64_t D, const float* eps, void* out, int bf16) {
+  if (bf16) vk::rms_norm((const bf16_t*)h, (const bf16_t*)w, M, D, *eps, (bf16_t*)out);
+  else vk::rms_norm((const float*)h, (const float*)w, M, D, *eps, (float*)out);
+}
+
+}  // extern "C"
