@@ -49,20 +49,8 @@ struct Int8xRun {
   };
 };
 
-template <typename B, typename X, typename S, bool Z>
-struct BlocksRun {
-  template <int M>
-  struct At {
-    static void run(const uint8_t* p, const S* s, const X* x, const float* xs, int64_t K, int64_t G, int64_t gs,
-                    float* y, int64_t N16) {
-      PackedInt4<B, X>::template At<M>::template blocks<S, Z>(p, s, x, xs, K, G, gs, y, N16);
-    }
-  };
-};
-
-// xq [R, K] int8 or bf16 pairs' values: Σ per group [R, G] in fp32 (the ops sum them with aten or a loop).
-template <typename E>
-void group_sums(const E* x, int64_t R, int64_t K, int64_t gs, float* xs) {
+// bf16 x [R, K]: Σ per group [R, G] in fp32 (int4_mm sums them with aten).
+void group_sums(const bf16_t* x, int64_t R, int64_t K, int64_t gs, float* xs) {
   const int64_t G = K / gs;
   for (int64_t r = 0; r < R; ++r)
     for (int64_t g = 0; g < G; ++g) {
@@ -74,23 +62,6 @@ void group_sums(const E* x, int64_t R, int64_t K, int64_t gs, float* xs) {
 
 void plus_128(int8_t* xq, int64_t n) {   // xq + 128 as u8, as the ops do before dpbusd
   for (int64_t i = 0; i < n; ++i) xq[i] = static_cast<int8_t>(static_cast<uint8_t>(xq[i]) ^ 0x80);
-}
-
-// yf [R, N16] from R int8 rows xq [R, K] against packed int4 (w4a8's layout): the ops' w4a8_rows_core.
-void w4a8_core(const int8_t* xq, int64_t R, const uint8_t* p, const float* sz, bool zeros, int64_t K, int64_t gs,
-               int64_t N16, float* xs, float* yf) {
-  const int64_t G = K / gs;
-  group_sums(xq, R, K, gs, xs);
-  const int32_t* xq4 = reinterpret_cast<const int32_t*>(xq);
-  for (int64_t m0 = 0; m0 < R; m0 += kMaxM) {
-    const int64_t m = std::min(kMaxM, R - m0);
-    if (zeros)
-      dispatch_m<BlocksRun<W4A8Blocks, int32_t, float, true>::At>(m, p, sz, xq4 + m0 * K / 4, xs + m0 * G, K, G, gs,
-                                                                  yf + m0 * N16, N16);
-    else
-      dispatch_m<BlocksRun<W4A8Blocks, int32_t, float, false>::At>(m, p, sz, xq4 + m0 * K / 4, xs + m0 * G, K, G, gs,
-                                                                   yf + m0 * N16, N16);
-  }
 }
 
 }  // namespace
@@ -174,26 +145,39 @@ void vke_w8a8(const void* x, const int8_t* q, const void* s, const int32_t* wsum
 }
 
 // int4_mm on bf16 x [M, K] (the op runs fp32 x as two bf16 rows, common.h's bf16_rows): yf fp32 [M, N16];
-// sz fp32 scales and zeros [N/16, G, 2, 16]; xs: scratch [M, G].
-void vke_int4(const bf16_t* x, const uint8_t* p, const float* sz, int64_t M, int64_t K, int64_t gs, int64_t N16,
-              float* yf, float* xs) {
+// sz scales and zeros [N/16, G, 2, 16], fp32 or (sz_bf16) bf16; xs: scratch [M, G].
+void vke_int4(const bf16_t* x, const uint8_t* p, const void* sz, int sz_bf16, int64_t M, int64_t K, int64_t gs,
+              int64_t N16, float* yf, float* xs) {
   const int64_t G = K / gs;
   group_sums(x, M, K, gs, xs);
   const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<BlocksRun<Int4Blocks, uint32_t, float, true>::At>(std::min(kMaxM, M - m0), p, sz, xp + m0 * K / 2,
-                                                                 xs + m0 * G, K, G, gs, yf + m0 * N16, N16);
+  auto go = [&](auto s) {
+    using S = decltype(s);
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+      dispatch_m<PackedInt4Blocks<Int4Blocks, uint32_t, S, true>::template At>(std::min(kMaxM, M - m0), p, (const S*)sz,
+                                                                      xp + m0 * K / 2, xs + m0 * G, K, G, gs,
+                                                                      yf + m0 * N16, N16);
+  };
+  if (sz_bf16) go(bf16_t{});
+  else go(float{});
 }
 
-// w4a8_mm (digits = 0) and int4_digits_mm (digits = 1) on fp32 x [M, K]: y fp32 [M, n]; sz fp32, with zeros
-// ([N/16, G, 2, 16]) or the scales alone ([N/16, G, 16]); scratch xq int8 [M·(1 + digits), K], a [M],
-// xs [M·(1 + digits), G], yf [M·(1 + digits), N16].
-void vke_w4a8(const float* x, const uint8_t* p, const float* sz, int zeros, int64_t M, int64_t K, int64_t gs,
-              int64_t n, int64_t N16, float* y, int digits, int8_t* xq, float* a, float* xs, float* yf) {
+// w4a8_mm (digits = 0) and int4_digits_mm (digits = 1) on fp32 x [M, K]: y fp32 [M, n]; sz fp32 or (sz_bf16)
+// bf16, with zeros ([N/16, G, 2, 16]) or the scales alone ([N/16, G, 16]); scratch xq int8 [M·(1 + digits), K],
+// a [M], xs [M·(1 + digits), G], yf [M·(1 + digits), N16].
+void vke_w4a8(const float* x, const uint8_t* p, const void* sz, int sz_bf16, int zeros, int64_t M, int64_t K,
+              int64_t gs, int64_t n, int64_t N16, float* y, int digits, int8_t* xq, float* a, float* xs, float* yf) {
   if (digits) digits_rows(x, M, K, K, xq, K, a);
   else quantize_rows_typed(x, M, K, K, xq, K, a);
   const int64_t rows = digits ? 2 * M : M;
-  w4a8_core(xq, rows, p, sz, zeros != 0, K, gs, N16, xs, yf);
+  auto go = [&](auto s, auto z) {
+    using S = decltype(s);
+    w4a8_rows_into<S, decltype(z)::value>(xq, rows, p, (const S*)sz, K, gs, N16, xs, yf);
+  };
+  if (sz_bf16 && zeros) go(bf16_t{}, std::true_type{});
+  else if (sz_bf16) go(bf16_t{}, std::false_type{});
+  else if (zeros) go(float{}, std::true_type{});
+  else go(float{}, std::false_type{});
   if (digits) combine_digits(yf, N16, a, M, n, y);
   else scale_rows_into(yf, N16, a, M, n, y);
 }

@@ -96,19 +96,20 @@ def test_int8_kernels_equal_the_reference(run, m, k, n, dtype):
         assert torch.equal(_bits(summed_here), _bits(_int8_op(run, x, q, s, sums, digits)))   # Σ q given: the same
 
 
+@pytest.mark.parametrize("scales", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("m,n", [(1, 16), (3, 40), (8, 17), (9, 48)])
-def test_int4_kernels_equal_the_reference(run, m, n, group_size):
+def test_int4_kernels_equal_the_reference(run, m, n, group_size, scales):
     k = 256
     g = torch.Generator().manual_seed(m * n + group_size)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
-    q, s, z = qp.quantize_int4_groupwise(w, group_size, torch.float32)
+    q, s, z = qp.quantize_int4_groupwise(w, group_size, scales)
     sz = kp.pack_scales_zeros(s, z)
     n16 = kp.padded_rows(n)
     xb = x.bfloat16()
     yf = run.alloc(m * n16 * 4)
-    run.call("vke_int4", run.put(xb), run.put(kp.pack_int4_bf16(q)), run.put(sz), m, k, group_size, n16, yf,
-             run.alloc(4 * m * (k // group_size)))
+    run.call("vke_int4", run.put(xb), run.put(kp.pack_int4_bf16(q)), run.put(sz), int(scales == torch.bfloat16), m, k,
+             group_size, n16, yf, run.alloc(4 * m * (k // group_size)))
     ref = kp.int4_mm_reference(xb.float(), q, s, z, group_size)
     _close(run.take(yf, (m, n16), torch.float32)[:, :n], ref, torch.float32)
     for digits, reference in ((0, kp.w4a8_mm_reference), (1, kp.int4_digits_mm_reference)):
@@ -120,8 +121,9 @@ def _w4a8(run, x, packed, sz, zeros, group_size, n, digits):
     m, k = x.shape
     rows, n16 = (2 if digits else 1) * m, kp.padded_rows(n)
     y = run.alloc(m * n * 4)
-    run.call("vke_w4a8", run.put(x), run.put(packed), run.put(sz), int(zeros), m, k, group_size, n, n16, y, digits,
-             run.alloc(rows * k), run.alloc(4 * m), run.alloc(4 * rows * (k // group_size)), run.alloc(4 * rows * n16))
+    run.call("vke_w4a8", run.put(x), run.put(packed), run.put(sz), int(sz.dtype == torch.bfloat16), int(zeros), m, k,
+             group_size, n, n16, y, digits, run.alloc(rows * k), run.alloc(4 * m), run.alloc(4 * rows * (k // group_size)),
+             run.alloc(4 * rows * n16))
     return run.take(y, (m, n), torch.float32)
 
 
@@ -131,7 +133,7 @@ def test_symmetric_int4_reads_the_scales_alone(run, m, n, group_size):
     k = 256
     g = torch.Generator().manual_seed(m * n + group_size)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
-    q, s, z = qp.quantize_int4_groupwise(w, group_size, torch.float32, symmetric=True)
+    q, s, z = qp.quantize_int4_groupwise(w, group_size, torch.bfloat16, symmetric=True)
     p, alone, both = kp.pack_int4_vnni(q), kp.pack_scales_zeros(s, None), kp.pack_scales_zeros(s, z)
     for digits, reference in ((0, kp.w4a8_mm_reference), (1, kp.int4_digits_mm_reference)):
         y = _w4a8(run, x, p, alone, False, group_size, n, digits)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -136,6 +137,20 @@ inline at::Tensor bf16_rows(const at::Tensor& x) {
 }
 
 
+// Calls fn(S{}, std::bool_constant<Z>{}) for packed int4's scales sz: S their dtype (bf16 or fp32), Z whether
+// the zeros lie beside them (else the scales alone, symmetric int4: check_int4).
+template <typename Fn>
+void by_scales(const at::Tensor& sz, int64_t N16, int64_t G, Fn&& fn) {
+  const bool z = sz.numel() == N16 * G * 2;
+  if (sz.scalar_type() == at::kBFloat16) {
+    if (z) fn(at::BFloat16{}, std::true_type{});
+    else fn(at::BFloat16{}, std::false_type{});
+  } else {
+    if (z) fn(float{}, std::true_type{});
+    else fn(float{}, std::false_type{});
+  }
+}
+
 // Blocks of 16 packed int4 rows split between threads (in a team, this thread's share: the scaling that follows
 // reads the same share); B::block<M, S, Z> computes one block's [M][16] outputs before any per-row scale (each
 // instruction set's own; X: what it holds the activations as), written to yf [M, N16]. Z: zeros beside the
@@ -162,15 +177,20 @@ struct PackedInt4 {
     }
     static void run(const at::Tensor& packed, const at::Tensor& sz, const X* x, const float* xs, int64_t K,
                     int64_t G, int64_t gs, float* y, int64_t N16) {
-      const bool z = sz.numel() == N16 * G * 2;   // else the scales alone (symmetric int4: check_int4)
-      if (sz.scalar_type() == at::kBFloat16) {
-        if (z) typed<at::BFloat16, true>(packed, sz, x, xs, K, G, gs, y, N16);
-        else typed<at::BFloat16, false>(packed, sz, x, xs, K, G, gs, y, N16);
-      } else {
-        if (z) typed<float, true>(packed, sz, x, xs, K, G, gs, y, N16);
-        else typed<float, false>(packed, sz, x, xs, K, G, gs, y, N16);
-      }
+      by_scales(sz, N16, G, [&](auto s, auto z) {
+        typed<decltype(s), decltype(z)::value>(packed, sz, x, xs, K, G, gs, y, N16);
+      });
     }
+  };
+};
+
+// dispatch_m's form of PackedInt4<B, X>::At<M>::blocks<S, Z>: the block loop on pointers, S and Z known.
+template <typename B, typename X, typename S, bool Z>
+struct PackedInt4Blocks {
+  template <int M>
+  struct At {
+    template <typename... A>
+    static void run(A... args) { PackedInt4<B, X>::template At<M>::template blocks<S, Z>(args...); }
   };
 };
 

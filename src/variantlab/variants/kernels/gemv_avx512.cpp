@@ -832,26 +832,38 @@ at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const 
   return y;
 }
 
-// yf [R, N16] = the packed int4 weights against R int8 rows xq [R, K] (their Σ per group summed here), before
-// any per-row scale: what w4a8_mm and int4_digits_mm share.
-std::vector<float> w4a8_rows_core(const std::vector<int8_t>& xq, int64_t R, const at::Tensor& packed, const at::Tensor& sz,
-                                  int64_t K, int64_t gs) {
-  const int64_t G = K / gs, N16 = packed.size(0) * 16;
-  std::vector<float> xs(R * G);
+// yf [R, N16] = the packed int4 weights p (scales sz: S; Z: zeros beside them) against R int8 rows xq [R, K],
+// before any per-row scale; xs [R, G]: their Σ per group, summed here. What w4a8_mm and int4_digits_mm share
+// (on pointers: the emulator's harness calls it too, tests/variants/avx512_harness.cpp).
+template <typename S, bool Z>
+void w4a8_rows_into(const int8_t* xq, int64_t R, const uint8_t* p, const S* sz, int64_t K, int64_t gs, int64_t N16,
+                    float* xs, float* yf) {
+  const int64_t G = K / gs;
   for (int64_t m = 0; m < R; ++m)   // gs is a multiple of 8 (check_int4): 8 int8 at a time
     for (int64_t g = 0; g < G; ++g) {
       __m256i t = _mm256_setzero_si256();
       for (int64_t k = g * gs; k < (g + 1) * gs; k += 8)
-        t = _mm256_add_epi32(t, _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(xq.data() + m * K + k))));
+        t = _mm256_add_epi32(t, _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(xq + m * K + k))));
       const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
       const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
       xs[m * G + g] = static_cast<float>(_mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1))));
     }
-  std::vector<float> yf(R * N16);
-  const int32_t* xq4 = (const int32_t*)xq.data();
+  const int32_t* xq4 = (const int32_t*)xq;
   for (int64_t m0 = 0; m0 < R; m0 += kMaxM)
-    dispatch_m<PackedInt4<W4A8Blocks, int32_t>::template At>(std::min(kMaxM, R - m0), packed, sz, xq4 + m0 * K / 4,
-                                                             xs.data() + m0 * G, K, G, gs, yf.data() + m0 * N16, N16);
+    dispatch_m<PackedInt4Blocks<W4A8Blocks, int32_t, S, Z>::template At>(std::min(kMaxM, R - m0), p, sz,
+                                                                         xq4 + m0 * K / 4, xs + m0 * G, K, G, gs,
+                                                                         yf + m0 * N16, N16);
+}
+
+std::vector<float> w4a8_rows_core(const std::vector<int8_t>& xq, int64_t R, const at::Tensor& packed, const at::Tensor& sz,
+                                  int64_t K, int64_t gs) {
+  const int64_t G = K / gs, N16 = packed.size(0) * 16;
+  std::vector<float> xs(R * G), yf(R * N16);
+  by_scales(sz, N16, G, [&](auto s, auto z) {
+    using S = decltype(s);
+    w4a8_rows_into<S, decltype(z)::value>(xq.data(), R, packed.data_ptr<uint8_t>(), sz.data_ptr<S>(), K, gs, N16,
+                                          xs.data(), yf.data());
+  });
   return yf;
 }
 
