@@ -34,21 +34,6 @@ struct Int8Run {
   };
 };
 
-// int8 activations against int8 weights: w8a8's rows, or (Digits) int8_digits' two digit rows a row of x.
-template <typename T, bool Digits>
-struct Int8xRun {
-  template <int M>
-  struct At {
-    static void run(const uint8_t* xu, int64_t Kp, const int8_t* q, const T* s, const float* a, int64_t K,
-                    int64_t N, T* y, const int32_t* wsums) {
-      if constexpr (Digits)
-        for (int64_t n = 0; n < N; ++n) digits_row<2 * M>(xu, Kp, q, s, a, K, n, y, N, wsums);
-      else
-        w8a8_run<M>(xu, Kp, q, s, a, K, N, y, wsums);
-    }
-  };
-};
-
 // bf16 x [R, K]: Σ per group [R, G] in fp32 (int4_mm sums them with aten).
 void group_sums(const bf16_t* x, int64_t R, int64_t K, int64_t gs, float* xs) {
   const int64_t G = K / gs;
@@ -58,10 +43,6 @@ void group_sums(const bf16_t* x, int64_t R, int64_t K, int64_t gs, float* xs) {
       for (int64_t k = g * gs; k < (g + 1) * gs; ++k) t += static_cast<float>(x[r * K + k]);
       xs[r * G + g] = t;
     }
-}
-
-void plus_128(int8_t* xq, int64_t n) {   // xq + 128 as u8, as the ops do before dpbusd
-  for (int64_t i = 0; i < n; ++i) xq[i] = static_cast<int8_t>(static_cast<uint8_t>(xq[i]) ^ 0x80);
 }
 
 }  // namespace
@@ -119,29 +100,13 @@ void vke_int8(const float* x, const int8_t* q, const void* s, int64_t M, int64_t
 // xq: scratch int8 [M·(1 + digits), Kp] zeroed (Kp = K rounded up to 64), a: [M].
 void vke_w8a8(const void* x, const int8_t* q, const void* s, const int32_t* wsums, int64_t M, int64_t K, int64_t N,
               void* y, int bf16, int digits, int8_t* xq, float* a) {
-  const int64_t Kp = (K + 63) / 64 * 64, rows = digits ? 2 : 1;
-  if (digits) {
-    if (bf16) digits_rows((const bf16_t*)x, M, K, K, xq, Kp, a);
-    else digits_rows((const float*)x, M, K, K, xq, Kp, a);
-  } else {
-    if (bf16) quantize_rows_typed((const bf16_t*)x, M, K, K, xq, Kp, a);
-    else quantize_rows_typed((const float*)x, M, K, K, xq, Kp, a);
-  }
-  plus_128(xq, rows * M * Kp);
-  const auto* xu = reinterpret_cast<const uint8_t*>(xq);
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
-    const int64_t m = std::min(kMaxM, M - m0);
-    const uint8_t* xm = xu + rows * m0 * Kp;
-    auto go = [&](auto t, auto d) {
-      using T = decltype(t);
-      dispatch_m<Int8xRun<T, decltype(d)::value>::template At>(m, xm, Kp, q, (const T*)s, a + m0, K, N,
-                                                               (T*)y + m0 * N, wsums);
-    };
-    if (bf16 && digits) go(bf16_t{}, std::true_type{});
-    else if (bf16) go(bf16_t{}, std::false_type{});
-    else if (digits) go(float{}, std::true_type{});
-    else go(float{}, std::false_type{});
-  }
+  auto go = [&](auto t) {
+    using T = decltype(t);
+    if (digits) int8x_rows<true>((const T*)x, K, M, K, q, (const T*)s, wsums, N, (T*)y, xq, a);
+    else int8x_rows<false>((const T*)x, K, M, K, q, (const T*)s, wsums, N, (T*)y, xq, a);
+  };
+  if (bf16) go(bf16_t{});
+  else go(float{});
 }
 
 // int4_mm on bf16 x [M, K] (the op runs fp32 x as two bf16 rows, common.h's bf16_rows): yf fp32 [M, N16];

@@ -716,37 +716,6 @@ void scale_rows_into(const float* yf, int64_t ldf, const float* a, int64_t M, in
   }
 }
 
-template <int M>
-struct W8A8 {
-  template <typename T, typename S>
-  static void typed(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
-                    at::Tensor& y, int64_t m0, const int32_t* wsums) {
-    const int64_t K = q.size(1), N = q.size(0);
-    w8a8_run<M>(xu + m0 * Kp, Kp, q.data_ptr<int8_t>(), s.data_ptr<S>(), a + m0, K, N, y.data_ptr<T>() + m0 * N,
-                wsums);
-  }
-  static void run(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
-                  at::Tensor& y, int64_t m0, const int32_t* wsums) {
-    by_dtypes(y, s, [&](auto t, auto sc) { typed<decltype(t), decltype(sc)>(xu, Kp, q, s, a, y, m0, wsums); });
-  }
-};
-
-at::Tensor w8a8_sums_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
-                        const at::Tensor* out) {
-  check_2d(x, "x");
-  check_int8(x, q, s, "w8a8_mm");
-  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
-  std::vector<int8_t> xq(M * Kp, 0);
-  std::vector<float> a(M);
-  quantize_rows(x, xq.data(), Kp, a.data());
-  for (auto& v : xq) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);  // xq + 128 as u8 (pad: 128)
-  auto y = out_or_empty(out, M, q.size(0), x);
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<W8A8>(std::min(kMaxM, M - m0), (const uint8_t*)xq.data(), Kp, q, s, a.data(), y, m0, wsums);
-  return y;
-}
-
-
 // ---- int8_digits_mm: int8 weights × float activations, in VNNI integer dot products. Each activation row is
 // held as two int8 digits per value on a per-row scale a = max|x| / 127: x ≈ a·(hi + lo/256), hi = round(x/a),
 // lo = round((x/a − hi)·256), both in [−127, 127] — 16-bit fixed point per row, whose error (≤ a/512 a value)
@@ -776,25 +745,6 @@ void digits_row(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, cons
   }
 }
 
-template <int M>
-struct Digits {
-  template <typename T, typename S>
-  static void typed(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
-                    at::Tensor& y, int64_t m0, const int32_t* wsums) {
-    const int64_t K = q.size(1), N = q.size(0);
-    const int8_t* qp = q.data_ptr<int8_t>();
-    const S* sp = s.data_ptr<S>();
-    T* yp = y.data_ptr<T>() + m0 * N;
-    par_for(0, N, 1, [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) digits_row<2 * M>(xu + 2 * m0 * Kp, Kp, qp, sp, a + m0, K, n, yp, N, wsums);
-    });
-  }
-  static void run(const uint8_t* xu, int64_t Kp, const at::Tensor& q, const at::Tensor& s, const float* a,
-                  at::Tensor& y, int64_t m0, const int32_t* wsums) {
-    by_dtypes(y, s, [&](auto t, auto sc) { typed<decltype(t), decltype(sc)>(xu, Kp, q, s, a, y, m0, wsums); });
-  }
-};
-
 // x [M, K] → digit rows xq [2M][ld]: row 2m = hi, row 2m + 1 = lo, x ≈ a[m]·(hi + lo/256) (int8_digits_mm below).
 template <typename T>
 void digits_rows(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, int64_t ld, float* a) {
@@ -815,20 +765,60 @@ void digits_rows(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* xq, int64
   }
 }
 
-at::Tensor int8_digits_sums_mm(const at::Tensor& x_, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
-                               const at::Tensor* out) {
-  check_int8(x_, q, s, "int8_digits_mm");
-  const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
-  std::vector<int8_t> xq(2 * M * Kp, 0);
-  std::vector<float> a(M);
-  if (x.scalar_type() == at::kBFloat16) digits_rows(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq.data(), Kp, a.data());
-  else digits_rows(x.data_ptr<float>(), M, K, x.stride(0), xq.data(), Kp, a.data());
-  for (auto& v : xq) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);   // + 128: dpbusd's unsigned operand
-  const auto* xu = reinterpret_cast<const uint8_t*>(xq.data());                  // (padding: digit 0 → 128)
-  auto y = out_or_empty(out, M, q.size(0), x);
+// The int8-activation ops (w8a8_mm; int8_digits_mm when Digits) after their checks, on pointers: x [M, K] (rows
+// sm apart) quantized per token into xq [M, Kp], or as two digit rows a row into xq [2M, Kp] (digits_rows), then
+// + 128 as u8 for dpbusd (the padding, 0 + 128: against masked-out weights), with scales a [M]; then against
+// q [N, K] · s into y [M, N]. xq (zeroed, Kp = K rounded up to 64) and a are the caller's.
+template <bool Digits, typename T, typename S>
+struct Int8x {
+  template <int M>
+  struct At {
+    static void run(const uint8_t* xu, int64_t Kp, const int8_t* q, const S* s, const float* a, int64_t K, int64_t N,
+                    T* y, const int32_t* wsums) {
+      if constexpr (Digits)
+        par_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+          for (int64_t n = n0; n < n1; ++n) digits_row<2 * M>(xu, Kp, q, s, a, K, n, y, N, wsums);
+        });
+      else
+        w8a8_run<M>(xu, Kp, q, s, a, K, N, y, wsums);
+    }
+  };
+};
+
+template <bool Digits, typename T, typename S>
+void int8x_rows(const T* x, int64_t sm, int64_t M, int64_t K, const int8_t* q, const S* s, const int32_t* wsums,
+                int64_t N, T* y, int8_t* xq, float* a) {
+  const int64_t Kp = (K + 63) / 64 * 64, rows = Digits ? 2 : 1;
+  if constexpr (Digits) digits_rows(x, M, K, sm, xq, Kp, a);
+  else quantize_rows_typed(x, M, K, sm, xq, Kp, a);
+  for (int64_t i = 0; i < rows * M * Kp; ++i) xq[i] = static_cast<int8_t>(static_cast<uint8_t>(xq[i]) ^ 0x80);
+  const auto* xu = reinterpret_cast<const uint8_t*>(xq);
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<Digits>(std::min(kMaxM, M - m0), xu, Kp, q, s, a.data(), y, m0, wsums);
+    dispatch_m<Int8x<Digits, T, S>::template At>(std::min(kMaxM, M - m0), xu + rows * m0 * Kp, Kp, q, s, a + m0, K,
+                                                 N, y + m0 * N, wsums);
+}
+
+at::Tensor int8x_mm(bool digits, const at::Tensor& x_, const at::Tensor& q, const at::Tensor& s, const int32_t* wsums,
+                    const at::Tensor* out) {
+  const char* name = digits ? "int8_digits_mm" : "w8a8_mm";
+  if (!digits) check_2d(x_, "x");
+  check_int8(x_, q, s, name);
+  const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();   // rows in place; a strided column, copied
+  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
+  auto y = out_or_empty(out, M, q.size(0), x);
+  TORCH_CHECK(y.scalar_type() == x.scalar_type(), name, ": out must be in x's dtype");
+  std::vector<int8_t> xq((digits ? 2 : 1) * M * Kp, 0);
+  std::vector<float> a(M);
+  by_dtypes(y, s, [&](auto t, auto sc) {
+    using T = decltype(t);
+    using S = decltype(sc);
+    if (digits)
+      int8x_rows<true>(x.data_ptr<T>(), x.stride(0), M, K, q.data_ptr<int8_t>(), s.data_ptr<S>(), wsums, q.size(0),
+                       y.data_ptr<T>(), xq.data(), a.data());
+    else
+      int8x_rows<false>(x.data_ptr<T>(), x.stride(0), M, K, q.data_ptr<int8_t>(), s.data_ptr<S>(), wsums, q.size(0),
+                        y.data_ptr<T>(), xq.data(), a.data());
+  });
   return y;
 }
 
@@ -946,11 +936,11 @@ at::Tensor int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, c
 }
 at::Tensor w8a8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
                 const at::Tensor* out) {
-  return w8a8_sums_mm(x, q, s, sums_or_null(sums, q.size(0), "w8a8"), out);
+  return int8x_mm(false, x, q, s, sums_or_null(sums, q.size(0), "w8a8"), out);
 }
 at::Tensor int8_digits(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor& sums,
                        const at::Tensor* out) {
-  return int8_digits_sums_mm(x, q, s, sums_or_null(sums, q.size(0), "int8_digits"), out);
+  return int8x_mm(true, x, q, s, sums_or_null(sums, q.size(0), "int8_digits"), out);
 }
 at::Tensor int4(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n) {
   return int4_mm(x, p, sz, gs, n);
