@@ -2,10 +2,10 @@
 // tests/variants/avx512_emulator.py loads this library's bytes into an emulated AVX-512 CPU and calls one entry
 // point at a time, on buffers of its own. Built with -DVK_SERIAL (common.h): one thread, nothing called outside
 // the library (and -Wl,-Bsymbolic, the few libc functions the compiler calls defined below), so the code runs
-// with no OS and no dynamic linker beneath it. Each entry point does what the library's op of the same
-// name does around the kernels (dispatch on M in chunks of 8, the activations' quantization), on pointers in
-// place of tensors; fp32 out unless `bf16` says bf16 (then x, w and y are bf16, as the ops take them). Float
-// arguments come by pointer: every argument is an integer register.
+// with no OS and no dynamic linker beneath it. Each entry point calls what the library's op of the same name
+// runs after its checks, on pointers (dense_into, int8_into, int8x_rows, w4a8x_rows; int4_mm's block loop);
+// fp32 out unless `bf16` says bf16 (then x, w and y are bf16, as the ops take them). Float arguments come by
+// pointer: every argument is an integer register.
 #include <cpuid.h>
 
 #include "gemv_avx512.cpp"
@@ -13,26 +13,6 @@
 namespace {
 
 using bf16_t = at::BFloat16;
-
-template <typename D, typename T>
-struct DenseRun {
-  template <int M>
-  struct At {
-    static void run(const typename D::E* x, const typename D::E* w, int64_t K, int64_t N, T* y) {
-      dense_run<D, M>(x, w, K, N, y);
-    }
-  };
-};
-
-template <typename T>
-struct Int8Run {
-  template <int M>
-  struct At {
-    static void run(const float* x, const int8_t* q, const T* s, int64_t K, int64_t N, T* y) {
-      int8_run<M>(x, q, s, K, N, y);
-    }
-  };
-};
 
 // bf16 x [R, K]: Σ per group [R, G] in fp32 (int4_mm sums them with aten).
 void group_sums(const bf16_t* x, int64_t R, int64_t K, int64_t gs, float* xs) {
@@ -76,24 +56,17 @@ void vke_cpuid(uint32_t leaf, uint32_t subleaf, uint32_t* out) {   // eax, ebx, 
 }
 
 void vke_fp32(const float* x, const float* w, int64_t M, int64_t K, int64_t N, float* y) {
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<DenseRun<Fp32Dense, float>::At>(std::min(kMaxM, M - m0), x + m0 * K, w, K, N, y + m0 * N);
+  dense_into<Fp32Dense, float>(x, w, M, K, N, y);
 }
 
 void vke_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, bf16_t* y) {
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
-    dispatch_m<DenseRun<Bf16Dense, bf16_t>::At>(std::min(kMaxM, M - m0), x + m0 * K, w, K, N, y + m0 * N);
+  dense_into<Bf16Dense, bf16_t>(x, w, M, K, N, y);
 }
 
 // int8_mm: x fp32 (the op converts bf16 x to fp32 first); s and y fp32, or both bf16.
 void vke_int8(const float* x, const int8_t* q, const void* s, int64_t M, int64_t K, int64_t N, void* y, int bf16) {
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
-    const int64_t m = std::min(kMaxM, M - m0);
-    if (bf16)
-      dispatch_m<Int8Run<bf16_t>::At>(m, x + m0 * K, q, (const bf16_t*)s, K, N, (bf16_t*)y + m0 * N);
-    else
-      dispatch_m<Int8Run<float>::At>(m, x + m0 * K, q, (const float*)s, K, N, (float*)y + m0 * N);
-  }
+  if (bf16) int8_into(x, q, (const bf16_t*)s, M, K, N, (bf16_t*)y);
+  else int8_into(x, q, (const float*)s, M, K, N, (float*)y);
 }
 
 // w8a8_mm (digits = 0) and int8_digits_mm (digits = 1): x, s, y all fp32 or all bf16; wsums or null;
@@ -127,24 +100,27 @@ void vke_int4(const bf16_t* x, const uint8_t* p, const void* sz, int sz_bf16, in
   else go(float{});
 }
 
-// w4a8_mm (digits = 0) and int4_digits_mm (digits = 1) on fp32 x [M, K]: y fp32 [M, n]; sz fp32 or (sz_bf16)
-// bf16, with zeros ([N/16, G, 2, 16]) or the scales alone ([N/16, G, 16]); scratch xq int8 [M·(1 + digits), K],
-// a [M], xs [M·(1 + digits), G], yf [M·(1 + digits), N16].
-void vke_w4a8(const float* x, const uint8_t* p, const void* sz, int sz_bf16, int zeros, int64_t M, int64_t K,
-              int64_t gs, int64_t n, int64_t N16, float* y, int digits, int8_t* xq, float* a, float* xs, float* yf) {
-  if (digits) digits_rows(x, M, K, K, xq, K, a);
-  else quantize_rows_typed(x, M, K, K, xq, K, a);
-  const int64_t rows = digits ? 2 * M : M;
-  auto go = [&](auto s, auto z) {
+// w4a8_mm (digits = 0) and int4_digits_mm (digits = 1): x [M, K] and y [M, n] fp32 or (bf16) bf16; sz fp32 or
+// (sz_bf16) bf16, with zeros ([N/16, G, 2, 16]) or the scales alone ([N/16, G, 16]); scratch xq int8
+// [M·(1 + digits), K], a [M], xs [M·(1 + digits), G], yf [M·(1 + digits), N16].
+void vke_w4a8(const void* x, const uint8_t* p, const void* sz, int sz_bf16, int zeros, int64_t M, int64_t K,
+              int64_t gs, int64_t n, int64_t N16, void* y, int bf16, int digits, int8_t* xq, float* a, float* xs,
+              float* yf) {
+  auto go = [&](auto t, auto s, auto z) {
+    using T = decltype(t);
     using S = decltype(s);
-    w4a8_rows_into<S, decltype(z)::value>(xq, rows, p, (const S*)sz, K, gs, N16, xs, yf);
+    constexpr bool Z = decltype(z)::value;
+    auto* rows_of = digits ? w4a8x_rows<true, T, S, Z> : w4a8x_rows<false, T, S, Z>;
+    rows_of((const T*)x, K, M, K, p, (const S*)sz, gs, n, N16, (T*)y, xq, a, xs, yf);
   };
-  if (sz_bf16 && zeros) go(bf16_t{}, std::true_type{});
-  else if (sz_bf16) go(bf16_t{}, std::false_type{});
-  else if (zeros) go(float{}, std::true_type{});
-  else go(float{}, std::false_type{});
-  if (digits) combine_digits(yf, N16, a, M, n, y);
-  else scale_rows_into(yf, N16, a, M, n, y);
+  auto with_scales = [&](auto t) {
+    if (sz_bf16 && zeros) go(t, bf16_t{}, std::true_type{});
+    else if (sz_bf16) go(t, bf16_t{}, std::false_type{});
+    else if (zeros) go(t, float{}, std::true_type{});
+    else go(t, float{}, std::false_type{});
+  };
+  if (bf16) with_scales(bf16_t{});
+  else with_scales(float{});
 }
 
 // One query position per head against the first L positions of k, v [Hkv, Lmax, D] (contiguous), keep [L] or

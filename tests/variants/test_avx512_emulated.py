@@ -96,25 +96,27 @@ def test_int8_kernels_equal_the_reference(run, m, k, n, dtype):
         assert torch.equal(_bits(summed_here), _bits(_int8_op(run, x, q, s, sums, digits)))   # Σ q given: the same
 
 
-@pytest.mark.parametrize("scales", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n", [(1, 16), (3, 40), (8, 17), (9, 48)])
-def test_int4_kernels_equal_the_reference(run, m, n, group_size, scales):
+def test_int4_kernels_equal_the_reference(run, m, n, dtype, group_size):
+    """x, y and the scales in dtype, as a variant of that compute dtype has them (int4_mm's fp32 x: two bf16 rows,
+    summed by the op around the kernel; here its bf16 rows)."""
     k = 256
     g = torch.Generator().manual_seed(m * n + group_size)
-    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
-    q, s, z = qp.quantize_int4_groupwise(w, group_size, scales)
+    x, w = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g)
+    q, s, z = qp.quantize_int4_groupwise(w, group_size, dtype)
     sz = kp.pack_scales_zeros(s, z)
     n16 = kp.padded_rows(n)
     xb = x.bfloat16()
     yf = run.alloc(m * n16 * 4)
-    run.call("vke_int4", run.put(xb), run.put(kp.pack_int4_bf16(q)), run.put(sz), int(scales == torch.bfloat16), m, k,
+    run.call("vke_int4", run.put(xb), run.put(kp.pack_int4_bf16(q)), run.put(sz), int(dtype == torch.bfloat16), m, k,
              group_size, n16, yf, run.alloc(4 * m * (k // group_size)))
     ref = kp.int4_mm_reference(xb.float(), q, s, z, group_size)
     _close(run.take(yf, (m, n16), torch.float32)[:, :n], ref, torch.float32)
     for digits, reference in ((0, kp.w4a8_mm_reference), (1, kp.int4_digits_mm_reference)):
         _close(_w4a8(run, x, kp.pack_int4_vnni(q), sz, True, group_size, n, digits), reference(x, q, s, z, group_size),
-               torch.float32)
+               dtype)
 
 
 def _w4a8(run, x, packed, sz, zeros, group_size, n, digits):
@@ -122,9 +124,9 @@ def _w4a8(run, x, packed, sz, zeros, group_size, n, digits):
     rows, n16 = (2 if digits else 1) * m, kp.padded_rows(n)
     y = run.alloc(m * n * 4)
     run.call("vke_w4a8", run.put(x), run.put(packed), run.put(sz), int(sz.dtype == torch.bfloat16), int(zeros), m, k,
-             group_size, n, n16, y, digits, run.alloc(rows * k), run.alloc(4 * m), run.alloc(4 * rows * (k // group_size)),
-             run.alloc(4 * rows * n16))
-    return run.take(y, (m, n), torch.float32)
+             group_size, n, n16, y, int(x.dtype == torch.bfloat16), digits, run.alloc(rows * k), run.alloc(4 * m),
+             run.alloc(4 * rows * (k // group_size)), run.alloc(4 * rows * n16))
+    return run.take(y, (m, n), x.dtype)
 
 
 @pytest.mark.parametrize("group_size", [32, 128])
@@ -132,12 +134,12 @@ def _w4a8(run, x, packed, sz, zeros, group_size, n, digits):
 def test_symmetric_int4_reads_the_scales_alone(run, m, n, group_size):
     k = 256
     g = torch.Generator().manual_seed(m * n + group_size)
-    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    x, w = torch.randn(m, k, generator=g).bfloat16(), torch.randn(n, k, generator=g)
     q, s, z = qp.quantize_int4_groupwise(w, group_size, torch.bfloat16, symmetric=True)
     p, alone, both = kp.pack_int4_vnni(q), kp.pack_scales_zeros(s, None), kp.pack_scales_zeros(s, z)
     for digits, reference in ((0, kp.w4a8_mm_reference), (1, kp.int4_digits_mm_reference)):
         y = _w4a8(run, x, p, alone, False, group_size, n, digits)
-        _close(y, reference(x, q, s, z, group_size), torch.float32)
+        _close(y, reference(x, q, s, z, group_size), torch.bfloat16)
         assert torch.equal(y, _w4a8(run, x, p, both, True, group_size, n, digits))
 
 

@@ -573,20 +573,26 @@ void attend_one(const T* q, const T* k, const T* v, int64_t L, int64_t D, int64_
   }
 }
 
-// ---- fp32_mm and bf16_mm: the dense path, with the tensor types of each
+// ---- fp32_mm and bf16_mm: the dense path, with the tensor types of each. The ops' bodies after their checks are
+// on pointers (dense_into, int8_into, int8x_rows, w4a8x_rows): the emulator's harness calls them too
+// (tests/variants/avx512_harness.cpp), so an AVX2 host runs them on an emulated AVX-512 core.
 
 template <typename D, typename T>
 struct Dense {
   template <int M>
   struct At {
-    static void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t m0) {
-      const int64_t K = x.size(1), N = w.size(0);
-      const auto* xp = reinterpret_cast<const typename D::E*>(x.data_ptr<T>());
-      dense_run<D, M>(xp + m0 * K, reinterpret_cast<const typename D::E*>(w.data_ptr<T>()), K, N,
-                      y.data_ptr<T>() + m0 * N);
+    static void run(const typename D::E* x, const typename D::E* w, int64_t K, int64_t N, T* y) {
+      dense_run<D, M>(x, w, K, N, y);
     }
   };
 };
+
+// y [M, N] = x [M, K] · w [N, K]ᵀ, in chunks of up to 8 rows of x.
+template <typename D, typename T>
+void dense_into(const typename D::E* x, const typename D::E* w, int64_t M, int64_t K, int64_t N, T* y) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+    dispatch_m<Dense<D, T>::template At>(std::min(kMaxM, M - m0), x + m0 * K, w, K, N, y + m0 * N);
+}
 
 template <typename D, typename T>
 at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, at::ScalarType dtype, const char* name,
@@ -596,31 +602,41 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, at::ScalarType dty
   TORCH_CHECK(x.scalar_type() == dtype && w.scalar_type() == dtype, name, ": x and w must be ", dtype_name);
   TORCH_CHECK(x.size(1) == w.size(1), name, ": x is [M, K], w is [N, K]");
   auto y = out_or_empty(out, x.size(0), w.size(0), x);
-  for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM)
-    dispatch_m<Dense<D, T>::template At>(std::min(kMaxM, x.size(0) - m0), x, w, y, m0);
+  using E = typename D::E;
+  dense_into<D, T>(reinterpret_cast<const E*>(x.data_ptr<T>()), reinterpret_cast<const E*>(w.data_ptr<T>()),
+                   x.size(0), x.size(1), w.size(0), y.data_ptr<T>());
   return y;
 }
 
 // ---- int8_mm
 
-template <int M>
+template <typename T, typename S>
 struct Int8 {
-  template <typename T, typename S>
-  static void typed(const float* x, const at::Tensor& q, const at::Tensor& s, at::Tensor& y, int64_t m0) {
-    const int64_t K = q.size(1), N = q.size(0);
-    int8_run<M>(x + m0 * K, q.data_ptr<int8_t>(), s.data_ptr<S>(), K, N, y.data_ptr<T>() + m0 * N);
-  }
-  static void run(const float* x, const at::Tensor& q, const at::Tensor& s, at::Tensor& y, int64_t m0) {
-    by_dtypes(y, s, [&](auto t, auto sc) { typed<decltype(t), decltype(sc)>(x, q, s, y, m0); });
-  }
+  template <int M>
+  struct At {
+    static void run(const float* x, const int8_t* q, const S* s, int64_t K, int64_t N, T* y) {
+      int8_run<M>(x, q, s, K, N, y);
+    }
+  };
 };
+
+// y [M, N] = x [M, K] (fp32) · (q [N, K] · s [N])ᵀ, in chunks of up to 8 rows of x.
+template <typename T, typename S>
+void int8_into(const float* x, const int8_t* q, const S* s, int64_t M, int64_t K, int64_t N, T* y) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxM)
+    dispatch_m<Int8<T, S>::template At>(std::min(kMaxM, M - m0), x + m0 * K, q, s, K, N, y + m0 * N);
+}
 
 at::Tensor int8_mm_out(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, const at::Tensor* out) {
   check_int8(x, q, s, "int8_mm");
   const auto xf = x.to(at::kFloat).contiguous();
   auto y = out_or_empty(out, x.size(0), q.size(0), x);
-  for (int64_t m0 = 0; m0 < x.size(0); m0 += kMaxM)
-    dispatch_m<Int8>(std::min(kMaxM, x.size(0) - m0), xf.data_ptr<float>(), q, s, y, m0);
+  by_dtypes(y, s, [&](auto t, auto sc) {
+    using T = decltype(t);
+    using S = decltype(sc);
+    int8_into<T, S>(xf.data_ptr<float>(), q.data_ptr<int8_t>(), s.data_ptr<S>(), x.size(0), x.size(1), q.size(0),
+                    y.data_ptr<T>());
+  });
   return y;
 }
 
@@ -693,15 +709,6 @@ void quantize_rows_typed(const T* p, int64_t M, int64_t K, int64_t sm, int8_t* x
       _mm_mask_storeu_epi8(xq + m * ld + k, t, round_clamp_i8(_mm512_div_ps(load_row16(row + k, t), av)));
     }
   }
-}
-
-void quantize_rows(const at::Tensor& x_, int8_t* xq, int64_t ld, float* a) {
-  const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();   // rows in place; a strided column, copied
-  const int64_t M = x.size(0), K = x.size(1);
-  if (x.scalar_type() == at::kBFloat16)
-    quantize_rows_typed(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq, ld, a);
-  else
-    quantize_rows_typed(x.data_ptr<float>(), M, K, x.stride(0), xq, ld, a);
 }
 
 // y[m, j] = yf[m, j] · a[m] for j < n, in y's dtype: the per-token scale and the cast, in one pass.
@@ -845,36 +852,6 @@ void w4a8_rows_into(const int8_t* xq, int64_t R, const uint8_t* p, const S* sz, 
                                                                          yf + m0 * N16, N16);
 }
 
-std::vector<float> w4a8_rows_core(const std::vector<int8_t>& xq, int64_t R, const at::Tensor& packed, const at::Tensor& sz,
-                                  int64_t K, int64_t gs) {
-  const int64_t G = K / gs, N16 = packed.size(0) * 16;
-  std::vector<float> xs(R * G), yf(R * N16);
-  by_scales(sz, N16, G, [&](auto s, auto z) {
-    using S = decltype(s);
-    w4a8_rows_into<S, decltype(z)::value>(xq.data(), R, packed.data_ptr<uint8_t>(), sz.data_ptr<S>(), K, gs, N16,
-                                          xs.data(), yf.data());
-  });
-  return yf;
-}
-
-at::Tensor w4a8_mm_out(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t gs, int64_t n,
-                       const at::Tensor* out) {
-  check_2d(x, "x");
-  check_float(x, "x");
-  const int64_t M = x.size(0), K = x.size(1);
-  check_int4(packed, sz, K, gs, n, 8);
-  const int64_t N16 = packed.size(0) * 16;
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> a(M);
-  quantize_rows(x, xq.data(), K, a.data());
-  const auto yf = w4a8_rows_core(xq, M, packed, sz, K, gs);
-  auto y = out_or_empty(out, M, n, x);
-  if (x.scalar_type() == at::kBFloat16)
-    scale_rows_into(yf.data(), N16, a.data(), M, n, y.data_ptr<at::BFloat16>());
-  else
-    scale_rows_into(yf.data(), N16, a.data(), M, n, y.data_ptr<float>());
-  return y;
-}
 
 // int4 weight-only with the activations as two int8 digits a value (see int8_digits_mm, digits_rows): row 2m
 // of the digit rows is hi, 2m + 1 lo, and y[m] = a[m]·(yf[2m] + yf[2m + 1] / 256); the packed layout is w4a8_mm's.
@@ -891,22 +868,47 @@ void combine_digits(const float* yf, int64_t N16, const float* a, int64_t M, int
   }
 }
 
-at::Tensor int4_digits_mm_out(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& sz, int64_t gs,
-                              int64_t n, const at::Tensor* out) {
+
+// w4a8_mm (int4_digits_mm when Digits) after its checks, on pointers: x [M, K] (rows sm apart) quantized per token
+// into xq [M, K] (Digits: two digit rows a row, [2M, K]) with scales a [M]; those rows against the packed int4 p
+// (w4a8_rows_into, into xs [rows, G] and yf [rows, N16]); then the per-row scale, and the digits combined, into
+// y [M, n]. Every buffer is the caller's.
+template <bool Digits, typename T, typename S, bool Z>
+void w4a8x_rows(const T* x, int64_t sm, int64_t M, int64_t K, const uint8_t* p, const S* sz, int64_t gs, int64_t n,
+                int64_t N16, T* y, int8_t* xq, float* a, float* xs, float* yf) {
+  if constexpr (Digits) digits_rows(x, M, K, sm, xq, K, a);
+  else quantize_rows_typed(x, M, K, sm, xq, K, a);
+  w4a8_rows_into<S, Z>(xq, Digits ? 2 * M : M, p, sz, K, gs, N16, xs, yf);
+  if constexpr (Digits) combine_digits(yf, N16, a, M, n, y);
+  else scale_rows_into(yf, N16, a, M, n, y);
+}
+
+at::Tensor w4a8x_mm(bool digits, const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& sz, int64_t gs,
+                    int64_t n, const at::Tensor* out) {
+  const char* name = digits ? "int4_digits_mm" : "w4a8_mm";
+  if (!digits) check_2d(x_, "x");
   check_float(x_, "x");
-  TORCH_CHECK(x_.dim() == 2, "int4_digits_mm: x must be [M, K]");
-  const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();
+  TORCH_CHECK(x_.dim() == 2, name, ": x must be [M, K]");
+  const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();   // rows in place; a strided column, copied
   const int64_t M = x.size(0), K = x.size(1);
   check_int4(packed, sz, K, gs, n, 8);
-  const int64_t N16 = packed.size(0) * 16;
-  std::vector<int8_t> xq(2 * M * K);
-  std::vector<float> a(M);
-  if (x.scalar_type() == at::kBFloat16) digits_rows(x.data_ptr<at::BFloat16>(), M, K, x.stride(0), xq.data(), K, a.data());
-  else digits_rows(x.data_ptr<float>(), M, K, x.stride(0), xq.data(), K, a.data());
-  const auto yf = w4a8_rows_core(xq, 2 * M, packed, sz, K, gs);
+  const int64_t N16 = packed.size(0) * 16, G = K / gs, rows = digits ? 2 * M : M;
   auto y = out_or_empty(out, M, n, x);
-  if (x.scalar_type() == at::kBFloat16) combine_digits(yf.data(), N16, a.data(), M, n, y.data_ptr<at::BFloat16>());
-  else combine_digits(yf.data(), N16, a.data(), M, n, y.data_ptr<float>());
+  TORCH_CHECK(y.scalar_type() == x.scalar_type(), name, ": out must be in x's dtype");
+  std::vector<int8_t> xq(rows * K);
+  std::vector<float> a(M), xs(rows * G), yf(rows * N16);
+  by_scales(sz, N16, G, [&](auto s, auto z) {
+    using S = decltype(s);
+    constexpr bool Z = decltype(z)::value;
+    auto go = [&](auto t) {
+      using T = decltype(t);
+      auto* rows_of = digits ? w4a8x_rows<true, T, S, Z> : w4a8x_rows<false, T, S, Z>;
+      rows_of(x.data_ptr<T>(), x.stride(0), M, K, packed.data_ptr<uint8_t>(), sz.data_ptr<S>(), gs, n, N16,
+              y.data_ptr<T>(), xq.data(), a.data(), xs.data(), yf.data());
+    };
+    if (x.scalar_type() == at::kBFloat16) go(at::BFloat16{});
+    else go(float{});
+  });
   return y;
 }
 
@@ -947,11 +949,11 @@ at::Tensor int4(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, 
 }
 at::Tensor int4_digits(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
                        const at::Tensor* out) {
-  return int4_digits_mm_out(x, p, sz, gs, n, out);
+  return w4a8x_mm(true, x, p, sz, gs, n, out);
 }
 at::Tensor w4a8(const at::Tensor& x, const at::Tensor& p, const at::Tensor& sz, int64_t gs, int64_t n,
                 const at::Tensor* out) {
-  return w4a8_mm_out(x, p, sz, gs, n, out);
+  return w4a8x_mm(false, x, p, sz, gs, n, out);
 }
 
 // q [B, H, 1, D] against the first `length` positions of a static cache k, v [≥ B, Hkv, ≥ length, D] (their
