@@ -21,8 +21,7 @@ PAGE = 4096
 ARENA_BYTES = 64 << 20
 STACK_BYTES = 256 << 10
 RETURN_TO = 0xDEAD_0000           # never mapped: the function's `ret` lands here, a page fault we expect
-PAGE_TABLES_AT = 0x1000_0000      # guest-physical addresses of the page tables, then of every mapped page
-FIRST_PAGE_AT = 0x4000_0000
+FIRST_PAGE_AT = 0x1000_0000       # the first guest-physical page; each page mapped, tables included, takes the next
 MAX_SECONDS = 120.0
 # bochscpu's cpu.model choices, by index (its names cannot be looked up: the enum's choice strings are not C
 # strings in 0.4.0); Machine.features() reads the model's CPUID, so a wrong index fails loudly.
@@ -35,7 +34,7 @@ EXCEPTIONS = {0: "divide error", 6: "invalid opcode (an instruction this model l
               19: "SIMD floating-point"}
 
 # Ours beside bochscpu: glibc 2.38's two C23 names its wheel needs (import_bochscpu), and a watchdog. bochscpu's run
-# holds the GIL, so no Python thread can stop it; a thread of this library sets bochscpu's kill bit at the deadline.
+# holds the GIL, so no Python thread can stop it: a thread of this library sets its kill bit from the deadline on.
 _HELPERS = r"""
 #include <pthread.h>
 #include <stdarg.h>
@@ -50,10 +49,14 @@ static pthread_t watcher;
 static volatile int watching;
 static double deadline_s;
 static void (*kill_cpu)(unsigned);
-static void* watch(void* unused) {
+static void* watch(void* unused) {   /* past the deadline, sets the kill bit every tick until the run returns:
+                                       the emulated core may overwrite one setting with its own */
   const struct timespec tick = {0, 10 * 1000 * 1000};
   for (double waited = 0; watching && waited < deadline_s; waited += 0.01) nanosleep(&tick, 0);
-  if (watching) kill_cpu(0);
+  while (watching) {
+    kill_cpu(0);
+    nanosleep(&tick, 0);
+  }
   return unused;
 }
 void vke_watch(void (*kill)(unsigned), double seconds) {
@@ -77,9 +80,10 @@ def _helpers(workdir: Path) -> ctypes.CDLL:
 
 
 def import_bochscpu(workdir: Path):
-    """bochscpu, with its CPU model set to Sapphire Rapids (before the first Session makes the CPU). Its 0.4.0 wheel says manylinux_2_28 but names two C23
-    symbols of glibc 2.38 (__isoc23_strtoull, __isoc23_sscanf); on an older glibc a two-function library of ours
-    supplies them, loaded first (on a newer one glibc's own are found first)."""
+    """bochscpu, with its CPU model set to Sapphire Rapids (before the first Session makes the CPU), our helpers,
+    and bochscpu's native library. Its 0.4.0 wheel says manylinux_2_28 but names two C23 symbols of glibc 2.38
+    (__isoc23_strtoull, __isoc23_sscanf): on an older glibc the helpers, loaded first, supply them (on a newer
+    one glibc's own are found first)."""
     helpers = _helpers(workdir)
     import bochscpu
     import bochscpu._bochscpu as native
@@ -132,8 +136,10 @@ class Machine:
         self.symbols = self._symbols()
         self._arena, self._arena_at = self._mapped(ARENA_BYTES)
         self._used = 0
-        for hva, gpa in self._table.commit(PAGE_TABLES_AT):
+        self._cr3 = _NEXT_PAGE[0]                  # the page tables take guest-physical pages after the rest
+        for hva, gpa in self._table.commit(self._cr3):
             self.bochs.memory.page_insert(gpa, hva)
+            _NEXT_PAGE[0] = max(_NEXT_PAGE[0], gpa + PAGE)
         self.session = self.bochs.Session()
         self.session.missing_page_handler = self._missing
 
@@ -208,7 +214,7 @@ class Machine:
         s.cr4 = 0x0004_0620            # OSXSAVE, OSXMMEXCPT, OSFXSR, PAE
         s.efer = 0xD01                 # NXE, LMA, LME, SCE
         s.xcr0 = 0xE7                  # x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
-        s.cr3 = PAGE_TABLES_AT
+        s.cr3 = self._cr3
         s.mxcsr = 0x1F80
         s.rflags = 0x2
         s.rsp, s.rip = rsp, self.symbols[name]

@@ -51,6 +51,11 @@ void* memmove(void* d, const void* s, size_t n) {
 }
 float sqrtf(float x) { return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x))); }
 
+void vke_spin(const volatile int* flag) {   // returns once *flag is set: the emulator's watchdog is tested on it
+  while (!*flag) {
+  }
+}
+
 void vke_cpuid(uint32_t leaf, uint32_t subleaf, uint32_t* out) {   // eax, ebx, ecx, edx
   __cpuid_count(leaf, subleaf, out[0], out[1], out[2], out[3]);
 }
