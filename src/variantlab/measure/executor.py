@@ -33,6 +33,8 @@ ProgressFn = Callable[[str, float], None]
 MEMORY_POLL_S = 0.025     # how often a worker under max_memory has its resident set read
 CHILDREN_EVERY_S = 0.5    # how often its process group's members are looked up again (GroupMemory)
 
+WORKER_MODULE = "variantlab.measure.worker"   # what a worker process runs: python -m WORKER_MODULE JOB OUT
+
 
 @dataclass(frozen=True)
 class Task:
@@ -114,7 +116,7 @@ class LocalProcessExecutor:
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with err_path.open("w") as err:
-            proc = subprocess.Popen([self.python, "-m", "variantlab.measure.worker", str(job_path), str(out_path)],
+            proc = subprocess.Popen([self.python, "-m", WORKER_MODULE, str(job_path), str(out_path)],
                                     stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, env=env,
                                     errors="replace", start_new_session=True, preexec_fn=_die_with_parent)
             self._running = proc

@@ -21,17 +21,19 @@ fails with that reason. Ray is an optional extra: `pip install 'variantlab[ray]'
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import VariantlabError
-from .executor import DoneFn, LocalProcessExecutor, ProgressFn, Task, as_limits, read_result
+from .executor import WORKER_MODULE, DoneFn, LocalProcessExecutor, ProgressFn, Task, as_limits, read_result
 from .limits import Limits
 from .wire import Job, MeasureJob, Record, decode_job, encode_job, encode_result, failed
 
 ACCEPTED_EXECUTORS = "local | ray"
+KILL_WAIT_S = 30.0   # an interrupted run waits this long at most for its killed tasks' replies (RayExecutor.kill)
 
 
 def is_gpu_job(device: str, cluster_gpus: float) -> bool:
@@ -178,13 +180,34 @@ class RayExecutor:
         return read_result(task.job, data)
 
     def kill(self) -> None:
-        """Cancel every task in flight; each worker process dies with its Ray worker (the parent-death signal)."""
-        for ref in list(self._inflight):
+        """End every task in flight. On a cluster we joined, by cancelling each: its worker process dies with its
+        Ray worker (the parent-death signal). On a local cluster of ours, by killing the worker processes, so that
+        each task returns on its own, and waiting (bounded) for their replies: Ray aborts this process (exit 1,
+        `Check failed: it != submissible_tasks_.end()`, ray-project/ray#54798's kind) when a task is cancelled or
+        failed by a shutdown while its reply arrives, where an interrupted run must end with 130."""
+        refs = list(self._inflight)
+        self._inflight.clear()
+        if self._owned:
+            _kill_local_workers()
+            self._ray.wait(refs, num_returns=len(refs), timeout=KILL_WAIT_S)
+            return
+        for ref in refs:
             try:
                 self._ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 - already finished or its node is gone
                 pass
-        self._inflight.clear()
+
+
+def _kill_local_workers() -> None:
+    """SIGKILL every measuring worker below this process (python -m variantlab.measure.worker, each in its own
+    process group with whatever it started)."""
+    import psutil
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if WORKER_MODULE in p.cmdline():
+                os.killpg(p.pid, signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            pass
 
 
 def make_executor(name: str, address: str | None = None, cpus: int | None = None):
