@@ -16,10 +16,14 @@ the tail of its output and the next one runs; steps past the budget are recorded
 5. explain      `variantlab explain` of bf16 against int4 from that run (device time per operator)
 6. serve        `variantlab serve --devices cuda:0` (adaptive: its calibration on the GPU), a few requests
 7. bench-reference  the shipped reference model: fp32, bf16, int4, sparse, 2 rounds (accuracy on CUDA)
+8. cpu-kernels  our CPU kernels' tests (kernels, decode step, decode kernels) on the machine's own CPU, whose
+                instruction set the report names: a GPU machine's server CPU may have the AVX-512 our own
+                machines have lacked for sessions (there the AVX-512 kernels run on an emulated CPU: right,
+                not fast); last, so the CUDA steps keep their time
 
 Without CUDA (or DEVICE_CHECK_DRY=1) the same steps run on the CPU where they can — smaller models,
-fewer variants, one round — and the report says which were skipped for lack of CUDA. Our AVX-512 CPU
-kernels stay off (VARIANTLAB_KERNELS=0): the check is about CUDA, and compiling them costs seconds.
+fewer variants, one round — and the report says which were skipped for lack of CUDA. Our CPU kernels stay
+off (VARIANTLAB_KERNELS=0) in every step but cpu-kernels: the other steps are about CUDA.
 
 Writes into --out: device_check.md (the summary), device_check.json (the same as data), steps.log
 (every command and its whole output), hw.json, bench-llama.json, bench-reference.json, explain.md:
@@ -44,15 +48,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # its sibling modules, also when imported by path
 from device_check_run import ROOT, Check, Ran, StepResult, Stopped, run, stop_on_signals  # noqa: E402,F401
 from device_check_serve import step_serve   # noqa: E402
-from device_check_steps import (make_llama, probe, step_bench_llama, step_bench_reference, step_cuda_tests,
-                                step_environment, step_explain, step_hw)   # noqa: E402
+from device_check_steps import (make_llama, probe, step_bench_llama, step_bench_reference, step_cpu_kernels,
+                                step_cuda_tests, step_environment, step_explain, step_hw)   # noqa: E402
 
 # name, step, and the most seconds it may take on the device; dry, a step may take whatever the budget has
 # left (on 2 busy CPU cores, profiling the stand-in model in `explain` took 93-113 s, measuring the CPU's
 # kernel times in `hw` 63 s once per machine, and a bench of two variants 100 s at a load average of 7)
 STEPS = (("environment", step_environment, 30), ("cuda-tests", step_cuda_tests, 120), ("hw", step_hw, 60),
          ("bench-llama", step_bench_llama, 180), ("explain", step_explain, 60), ("serve", step_serve, 45),
-         ("bench-reference", step_bench_reference, 90))
+         ("bench-reference", step_bench_reference, 90), ("cpu-kernels", step_cpu_kernels, 120))
 MIN_STEP_S = 20.0        # a step is not started with less than this left of the budget
 DRY_SKIPS = ("the tests marked cuda (collected, each skipped with its reason); the 115M-parameter Llama (a 2-layer "
              "stand-in runs instead); the recipes but fp32 and bf16 (sparse is CUDA only); gqa, compile: true and "
@@ -71,7 +75,7 @@ def report(check: Check, finished: bool) -> None:
     head = [f"# variantlab device check, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
             "",
             f"- mode: {'dry: no CUDA here, the CPU-possible parts on the CPU' if check.dry else 'device: CUDA'}"
-            f" ({gpu or 'no GPU'}); our AVX-512 CPU kernels off (VARIANTLAB_KERNELS=0)",
+            f" ({gpu or 'no GPU'}); our CPU kernels off (VARIANTLAB_KERNELS=0) but in cpu-kernels",
             *([f"- skipped for lack of CUDA: {DRY_SKIPS}"] if check.dry else []),
             f"- {elapsed:.0f} s of a {check.budget_s:.0f} s budget" + ("" if finished else " (still running)")
             + "; " + ", ".join(f"{n} {k}" for k, n in counts.items()),

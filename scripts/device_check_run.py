@@ -93,19 +93,22 @@ def stop_on_signals() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def start(check: Check, argv: list, cwd: Path | None = None, **kw) -> subprocess.Popen:
-    """argv started in a process group (and session) of its own, registered to be ended with the check."""
-    proc = subprocess.Popen([str(a) for a in argv], cwd=cwd or ROOT, env=check.env, stdin=subprocess.DEVNULL,
+def start(check: Check, argv: list, cwd: Path | None = None, env: dict | None = None, **kw) -> subprocess.Popen:
+    """argv started in a process group (and session) of its own, registered to be ended with the check; `env`:
+    variables set for this command alone, over the check's."""
+    proc = subprocess.Popen([str(a) for a in argv], cwd=cwd or ROOT, env=check.env | (env or {}),
+                            stdin=subprocess.DEVNULL,
                             start_new_session=True, **kw)
     RUNNING.add(proc)
     return proc
 
 
-def run(check: Check, argv: list[str], timeout_s: float, cwd: Path | None = None) -> Ran:
+def run(check: Check, argv: list[str], timeout_s: float, cwd: Path | None = None, env: dict | None = None) -> Ran:
     """argv in its own process group, bounded by timeout_s (SIGTERM, then SIGKILL 15 s later); logged whole."""
-    check.write(f"\n$ {' '.join(map(str, argv))}    # limit {timeout_s:.0f} s\n")
+    told = "".join(f"{k}={v} " for k, v in (env or {}).items())
+    check.write(f"\n$ {told}{' '.join(map(str, argv))}    # limit {timeout_s:.0f} s\n")
     t0 = time.monotonic()
-    proc = start(check, argv, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = start(check, argv, cwd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
     try:
         out, err = proc.communicate(timeout=max(1.0, timeout_s))
         rc = proc.returncode

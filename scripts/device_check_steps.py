@@ -121,11 +121,22 @@ def step_environment(check: Check, limit: float) -> StepResult:
 # ---------------------------------------------------------------------------------------------- 2. tests
 
 def step_cuda_tests(check: Check, limit: float) -> StepResult:
-    r = StepResult("cuda-tests")
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_cuda_*.py"))
+    r, ran, counts = pytest_step(check, "cuda-tests", files, limit)
+    if check.dry and ran.ok and counts.get("skipped") and not counts.get("passed"):
+        r.status = "skipped: no CUDA"
+        r.summary += " (collected and skipped here, as the CPU CI does)"
+    if r.status != "passed" and not r.status.startswith("skipped"):
+        r.tail = ran.tail(60)
+    return r
+
+
+def pytest_step(check: Check, name: str, files: list[str], limit: float, env: dict | None = None):
+    """pytest over `files` in one process, as a step: (its StepResult, the run, the count of each outcome)."""
+    r = StepResult(name)
     # addopts emptied: one process (the device may lack pytest-xdist), and the "-v" lines counted below
     ran = run(check, python("-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider", "-rfEs", "--durations=5",
-                            *files), limit)
+                            *files), limit, env=env)
     r.seconds, r.status = ran.seconds, status_of(ran)
     # one line a test as it finishes ("tests/x.py::test_y[a] PASSED [ 3%]"): counted even if the run is cut off
     outcomes = dict(re.findall(r"^(tests/\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", ran.stdout, re.M))
@@ -137,12 +148,7 @@ def step_cuda_tests(check: Check, limit: float) -> StepResult:
     r.details = [f"- `{line}`" for line in ran.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     r.details += [f"- slowest: `{line.strip()}`" for line in ran.stdout.splitlines()
                   if re.match(r"\s*[\d.]+s (call|setup|teardown) ", line)]
-    if check.dry and ran.ok and counts.get("skipped") and not counts.get("passed"):
-        r.status = "skipped: no CUDA"
-        r.summary += " (collected and skipped here, as the CPU CI does)"
-    if r.status != "passed" and not r.status.startswith("skipped"):
-        r.tail = ran.tail(60)
-    return r
+    return r, ran, counts
 
 
 # ---------------------------------------------------------------------------------------------- 3. hw
@@ -381,4 +387,43 @@ def step_explain(check: Check, limit: float) -> StepResult:
     r.figures = {"pair": [a, b], "headlines": heads, "device": check.device}
     r.summary = f"{b} against {a}: " + (heads[0] if heads else "no headline printed")
     r.details = [f"- {h}" for h in heads] + ["- the whole explanation: explain.md"]
+    return r
+
+
+# ---------------------------------------------------------------------------------------------- 8. cpu-kernels
+
+KERNEL_TESTS = ("tests/variants/test_kernels.py", "tests/variants/test_decode_step.py",
+                "tests/variants/test_decode_kernels.py")
+# which of our kernel libraries this CPU builds, built (or loaded) here with the kernels switched on, as JSON
+KERNEL_PROBE = """import json, time
+from variantlab.device_facts import this_cpu
+from variantlab.variants import kernels
+from variantlab.variants.kernels import _build
+t = time.perf_counter()
+st = kernels.status()
+print(json.dumps({"cpu": this_cpu()[0], "isa": _build.ISA.name if _build.ISA else None,
+                  "avx512": sorted(f for f in _build.cpu_flags() if f.startswith("avx512")),
+                  "available": st.available, "reason": st.reason, "seconds": time.perf_counter() - t}))"""
+
+
+def step_cpu_kernels(check: Check, limit: float) -> StepResult:
+    """Our CPU kernels' tests on this machine's own CPU, the kernels switched on for them alone: where a GPU
+    machine's CPU has AVX-512, our AVX-512 kernels and their torch glue run natively, which the sessions' own
+    machines (AVX2 alone, lately) cannot do; the emulated CPU of test_avx512_emulated.py runs only the kernels."""
+    on = {"VARIANTLAB_KERNELS": "1"}
+    probe_run = run(check, python("-c", KERNEL_PROBE), limit, env=on)      # the first build happens here
+    if not probe_run.ok:
+        return StepResult("cpu-kernels", status_of(probe_run), seconds=probe_run.seconds, tail=probe_run.tail())
+    found = json.loads(probe_run.stdout.strip().splitlines()[-1])
+    if not found["available"]:
+        return StepResult("cpu-kernels", f"skipped: {found['reason']}", seconds=probe_run.seconds,
+                          summary=found["cpu"], figures=found)
+    r, ran, counts = pytest_step(check, "cpu-kernels", list(KERNEL_TESTS), limit - probe_run.seconds, env=on)
+    r.seconds += probe_run.seconds
+    r.figures |= {k: v for k, v in found.items() if k != "available"}
+    r.summary = f"{found['isa']} kernels on {found['cpu']} (built or loaded in {found['seconds']:.0f} s): {r.summary}"
+    if found["isa"] != "AVX-512":
+        r.summary += "; no AVX-512 on this CPU, so its AVX2 kernels ran (as in CI)"
+    if r.status != "passed":
+        r.tail = ran.tail(60)
     return r

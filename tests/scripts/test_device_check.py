@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "device_check.sh"
-STEPS = ["environment", "cuda-tests", "hw", "bench-llama", "explain", "serve", "bench-reference"]
+STEPS = ["environment", "cuda-tests", "hw", "bench-llama", "explain", "serve", "bench-reference", "cpu-kernels"]
 
 
 def run_check(out: Path, work: Path, timeout: float, **env) -> subprocess.CompletedProcess:
@@ -58,6 +58,18 @@ def test_the_device_check_runs_dry_here_and_reports_every_step(tmp_path):
     assert [q["status"] for q in serve["requests"]] == [200] * 4 and serve["burst"]["ok"] == 8
     assert serve["stream"]["ttft_s"] > 0 and len(serve["calibration"]) == 2   # both variants measured for adaptive
     assert "serve" in (out / "steps.log").read_text() and "$ " in (out / "steps.log").read_text()
+    kernels = steps["cpu-kernels"]["figures"]          # our kernels' tests ran, switched on for that step alone
+    assert kernels["isa"] in ("AVX-512", "AVX2") and kernels["counts"]["passed"] >= 100 and "failed" not in kernels["counts"]
+    assert "VARIANTLAB_KERNELS=1 " in (out / "steps.log").read_text()
+
+
+def test_without_a_compiler_the_cpu_kernels_step_says_why_it_skipped(tmp_path):
+    out = tmp_path / "out"
+    done = run_check(out, tmp_path / "work", 300, DEVICE_CHECK_STEPS="cpu-kernels", CXX="no-such-compiler")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    kernels = {s["name"]: s for s in json.loads((out / "device_check.json").read_text())["steps"]}["cpu-kernels"]
+    assert kernels["status"] == "skipped: our CPU kernels are off: no C++ compiler (no-such-compiler not on PATH); aten runs instead"
+    assert "no-such-compiler" in (out / "device_check.md").read_text()
 
 
 @pytest.fixture(scope="module")
