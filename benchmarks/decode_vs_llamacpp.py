@@ -50,13 +50,14 @@ Needs llama-cpp-python 0.3.36 built for this CPU at its best and llama.cpp's con
 `bash scripts/install_llamacpp.sh` (AVX-512/VNNI/BF16 where the CPU has them, AMX off: a build with
 AMX on crashed with an illegal instruction on Q8_0 on our Xeons); the build's flags are printed:
 
-    python benchmarks/decode_vs_llamacpp.py [--shape 115m|1024x2816|qwen2-0.5b] [--pairs 6] [--workdir DIR]
+    python benchmarks/decode_vs_llamacpp.py [--shape 115m|1024x2816|qwen2-0.5b|smollm-135m|tiny] [--pairs 6] [--workdir DIR]
                                             [--engine default|eager|compile] [--llama-cpp-src LLAMA_CPP_CHECKOUT]
 
 Without --model it saves a random-weight model of --shape (issue 25's three: `115m`, a Llama of hidden 768,
 16 layers, 12 heads, intermediate 2048, quant_decode.py's shape; `1024x2816`, a Llama of hidden 1024, 12 layers,
 intermediate 2816; `qwen2-0.5b`, a Qwen2 of hidden 896, 24 layers, 14 query / 2 K/V heads, intermediate 4864,
-tied embeddings), with the shipped tokenizer (1k tokens), in fp32, seeded by --seed; --workdir keeps it and its
+tied embeddings; and two where a token's fixed cost weighs more: `smollm-135m`, SmolLM-135M's shape, and `tiny`,
+4 layers of hidden 256), with the shipped tokenizer (1k tokens), in fp32, seeded by --seed; --workdir keeps it and its
 GGUF files for the next run. Every GGUF is dropped from the page cache and read through once before it is
 measured (variants/page_cache.py), as the bench's GGUF artifacts are: llama.cpp maps its file, and a file just
 written stays in 4 KiB pages where one read from disk comes in large folios that map with 2 MiB entries. The
@@ -125,6 +126,12 @@ SHAPES = {
     # vocab_size padded past the tokenizer's 1,025 ids, as Qwen2's own is: its converter requires every id < it
     "qwen2-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                        intermediate_size=4864, tie_word_embeddings=True, vocab_size=1088),
+    # two more, where a token's fixed cost weighs more: SmolLM-135M's shape (narrow, 30 layers, 9 query / 3 K/V
+    # heads, tied embeddings) and a 4-layer model of hidden 256 (a draft model's size)
+    "smollm-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                        intermediate_size=1536, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                 intermediate_size=704),
 }
 
 

@@ -12,6 +12,8 @@ from variantlab.explain.categories import categorize, name_category
     ("aten::addmm", C.GEMM), ("aten::mm", C.GEMM), ("aten::linear", C.GEMM), ("aten::_int_mm", C.GEMM),
     ("aten::_weight_int8pack_mm", C.GEMM), ("aten::_weight_int4pack_mm_for_cpu", C.GEMM),
     ("variantlab_kernels::w4a8_mm", C.GEMM), ("variantlab_kernels::decode_attention", C.ATTENTION),
+    ("variantlab_kernels::embedding", C.MEMORY), ("variantlab_kernels::argmax", C.SAMPLING),
+    ("variantlab_kernels::decode_next", C.OVERHEAD),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", C.ATTENTION), ("aten::softmax", C.ATTENTION),
     ("aten::quantize_per_tensor", C.QUANT), ("aten::_convert_weight_to_int4pack_for_cpu", C.QUANT),
     ("aten::layer_norm", C.NORM), ("aten::rms_norm", C.NORM), ("aten::silu", C.ELEMENTWISE),

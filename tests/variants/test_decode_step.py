@@ -2,6 +2,8 @@
 the same tokens, token for token, on every recipe it runs, one request and a left-padded batch."""
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -52,6 +54,7 @@ def test_fp32_step_gives_transformers_tokens(our_kernels, tiny_model_dir, qwen2_
 def test_every_recipe_runs_in_the_step_with_transformers_tokens(our_kernels, qwen2_dir, recipe, options):
     ours, theirs = engines(qwen2_dir, recipe, options)
     assert ours.step is not None, ours.step_note
+    assert ours.step.plan is not None         # the whole token in one call: embedding, layers, norm, head, argmax
     for n in (1, 2):
         assert tokens(ours, requests(n)) == tokens(theirs, requests(n))
 
@@ -74,9 +77,12 @@ def logits_by_threads(ours) -> dict[int, torch.Tensor]:
     ids = torch.tensor([[5, 9, 11, 3]])
     before = torch.get_num_threads()
     logits: list[torch.Tensor] = []
+    plan = ours.step.plan           # the whole token in one call: its logits kept by the plan, not the head module
     hook = ours.model.lm_head.register_forward_hook(lambda mod, args, out: logits.append(out.detach().clone()))
     got = {}
     try:
+        if plan is not None:
+            plan.keep(True)
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
             with torch.inference_mode():
@@ -86,9 +92,13 @@ def logits_by_threads(ours) -> dict[int, torch.Tensor]:
                 nxt = ids[:, -1:]
                 for _ in range(4):
                     nxt = ours.step(nxt, cache, None, None)
+                    if plan is not None:
+                        logits.append(plan.logits().clone())
             got[threads] = torch.stack(logits)
     finally:
         hook.remove()
+        if plan is not None:
+            plan.keep(False)
         torch.set_num_threads(before)
     return got
 
@@ -159,6 +169,59 @@ def test_the_step_advances_the_cache_and_hands_wide_batches_to_transformers(our_
     cache = ours.caches._pool[(1, 128)]
     prompt = len(requests(1)[0].prompt_ids)
     assert all(int(layer.cumulative_length) == prompt + 5 for layer in cache.layers)   # prefill + 5 steps
+
+
+def test_without_a_plan_the_step_calls_the_modules_around_its_layers_with_the_same_tokens(our_kernels, qwen2_dir):
+    """An embedding the plan does not read (int8 rows), or RoPE that changes with the length: no plan, and each step
+    runs the model's embedding, rotary, norm and head modules around decode_layers; the tokens are the same."""
+    ours, theirs = engines(qwen2_dir, "int8", {"quantize_embeddings": True})
+    assert ours.step is not None and ours.step.plan is None
+    for n in (1, 2):
+        assert tokens(ours, requests(n)) == tokens(theirs, requests(n))
+    planned, _ = engines(qwen2_dir)
+    assert planned.step._plan() is not None
+    planned.step.model.model.rotary_emb.rope_type = "dynamic"
+    assert planned.step._plan() is None
+
+
+def test_the_plan_chooses_as_argmax_does_a_nan_counting_as_the_largest(our_kernels, qwen2_dir):
+    """decode_next's greedy choice is at::argmax's: the first largest logit, a NaN above every number. After the
+    prompt, the head's row 7 made NaN: the plan's next token is 7, as transformers' forward chooses."""
+    ours, theirs = engines(qwen2_dir)
+    assert ours.step.plan is not None
+    got = {}
+    with torch.inference_mode():
+        for name, step in (("plan", ours.step), ("transformers", theirs._forward)):
+            cache = ours.caches.acquire(1, 16)
+            ours.model(input_ids=torch.tensor([[5, 9, 11]]), past_key_values=cache, use_cache=True)
+            head = ours.model.lm_head.weight
+            row = head[7].clone()
+            head[7] = float("nan")                        # tied: the embedding's row 7 too, for both
+            try:
+                got[name] = int(step(torch.tensor([[11]]), cache, None, None))
+            finally:
+                head[7] = row
+    assert got == {"plan": 7, "transformers": 7}
+
+
+def test_the_plan_binds_each_cache_with_the_rotary_module_s_own_cos_and_sin(our_kernels, qwen2_dir):
+    """Bound to a cache, the plan holds the rotary module's cos and sin of every position of it: each row equal,
+    bit for bit, to what the module gives that position alone (a step's call)."""
+    ours, _ = engines(qwen2_dir, "bf16")
+    step, inner = ours.step, ours.model.model
+    with torch.inference_mode():
+        cache = ours.caches.acquire(1, 40)
+        ours.model(input_ids=torch.tensor([[5, 9, 11]]), past_key_values=cache, use_cache=True)
+        seen = {}
+        step.plan = types.SimpleNamespace(bind=lambda keys, values, counters, cos, sin: seen.update(
+            cos=cos, sin=sin, keys=keys))                # what the C++ plan would be handed
+        step._bind(cache)
+        h = inner.embed_tokens(torch.tensor([5]))
+        for position in (0, 1, 17, cache.layers[0].keys.shape[2] - 1):
+            cos, sin = inner.rotary_emb(h, torch.tensor([[position]]))
+            assert torch.equal(seen["cos"][position], cos[0, 0]) and torch.equal(seen["sin"][position], sin[0, 0])
+    assert seen["cos"].dtype == torch.bfloat16 and seen["cos"].shape[0] == cache.layers[0].keys.shape[2]
+    assert [k.data_ptr() for k in seen["keys"]] == [layer.keys.data_ptr() for layer in cache.layers]
 
 
 def test_a_model_it_does_not_run_keeps_transformers_and_says_why(our_kernels, family_dirs, tiny_lm):

@@ -90,6 +90,8 @@ class DecodeStep:
         self.eps = float(inner.layers[0].input_layernorm.variance_epsilon)
         self.fallback = None     # transformers' step, for the calls this one does not take (set by the engine)
         self._lists: tuple = (None, None)
+        self.plan = self._plan()   # the whole token in one call (decode_next), or None: decode_layers and modules
+        self._bound = None         # the cache the plan is bound to
 
     @classmethod
     def for_model(cls, model: nn.Module) -> "DecodeStep | str":
@@ -116,6 +118,36 @@ class DecodeStep:
                 tensors.extend(got[1])
         return cls(model, dtype, tensors, ints)
 
+    def _plan(self):
+        """decode_next's plan (kernels/decode_step.cpp: DecodePlan) where the embedding is a plain table, the final
+        norm an RMSNorm, the head a linear the step runs and the rotary frequencies fixed (no dynamic or long RoPE,
+        which change with the length); else None, and each step calls those modules around decode_layers."""
+        inner, head = self.model.model, self.model.lm_head
+        rope = getattr(inner.rotary_emb, "rope_type", None)
+        if (type(inner.embed_tokens) is not nn.Embedding or inner.embed_tokens.weight.dtype != self.dtype
+                or type(inner.norm).__name__ not in NORMS or inner.norm.weight.dtype != self.dtype
+                or not isinstance(rope, str) or "dynamic" in rope or "longrope" in rope):
+            return None
+        got = linear_kind(head, self.dtype)
+        if isinstance(got, str):
+            return None
+        (kind, group, n, rows), tensors = got
+        return torch.classes.variantlab_kernels.DecodePlan(
+            self.tensors, self.ints, inner.embed_tokens.weight.detach(), inner.norm.weight.detach(), list(tensors),
+            [kind, group, n, rows], self.eps, float(inner.norm.variance_epsilon), self.heads, self.kv_heads,
+            self.head_dim, self.scale)
+
+    def _bind(self, cache) -> None:
+        """The plan bound to `cache`: its layers' keys, values and counters, and the model's own rotary cos/sin
+        of each of its positions (one call of the rotary module; each position's values are what a step's
+        call would give: a product and a cos or sin per element)."""
+        keys, values, counters = self._cache_lists(cache)
+        inner = self.model.model
+        positions = torch.arange(keys[0].shape[2]).unsqueeze(0)
+        cos, sin = inner.rotary_emb(inner.embed_tokens.weight[:1], positions)            # (1, L, head_dim)
+        self.plan.bind(keys, values, counters, cos[0].contiguous(), sin[0].contiguous())
+        self._bound = cache
+
     @staticmethod
     def runs(batch: int, cache) -> bool:
         """Whether this step takes a call of `batch` rows over `cache`: at most 8 rows, and a cache whose every
@@ -136,11 +168,16 @@ class DecodeStep:
             return self.fallback(nxt, cache, mask, pos)
         col = int(cache.layers[0].cumulative_length)
         length = col + 1
+        keep = None if mask is None else mask[:, :length].bool()
+        if self.plan is not None:
+            if self._bound is not cache:
+                self._bind(cache)
+            return torch.ops.variantlab_kernels.decode_next(self.plan, nxt[:, 0], None if pos is None else pos[:, 0],
+                                                            keep, col, length)
         model, inner = self.model, self.model.model
         h = inner.embed_tokens(nxt[:, 0]).contiguous()                                  # (B, D)
         positions = pos if pos is not None else torch.full((batch, 1), col, dtype=torch.long)
         cos, sin = inner.rotary_emb(h, positions)                                       # (B, 1, head_dim) each
-        keep = None if mask is None else mask[:, :length].bool()
         keys, values, counters = self._cache_lists(cache)
         torch.ops.variantlab_kernels.decode_layers(
             h, self.tensors, self.ints, keys, values, counters, cos.reshape(batch, -1).contiguous(),

@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 #include <omp.h>
 
@@ -437,15 +438,153 @@ at::Tensor decode_layers(at::Tensor h, at::TensorList tensors, at::IntArrayRef i
   return h;
 }
 
+// ---- the whole token in one call: a model's plan, made once, bound to each cache it decodes into
+
+// decode_layers' arguments that stay the same from token to token, kept on this side: converting its lists of
+// tensors from Python took ~0.27 µs a tensor (~130 µs a token for 16 layers), and the embedding lookup, rotary
+// cos/sin, final norm, head and argmax around it ~140 µs more as modules and aten ops (the tiny shapes of
+// benchmarks/decode_overhead.py). Made by variants/decode_step.py for a model whose embedding is a plain table,
+// whose head is a linear the step runs and whose rotary frequencies never change; bound to a cache with its
+// layers' keys, values and counters and the rotary cos/sin of each of its positions (the model's own module's).
+struct DecodePlan : torch::CustomClassHolder {
+  std::vector<at::Tensor> tensors, head;
+  std::vector<int64_t> ints, head_ints;
+  at::Tensor embed, norm;
+  double eps, norm_eps, scale;
+  int64_t heads, kv_heads, head_dim;
+  std::vector<at::Tensor> keys, values, counters;
+  at::Tensor cos, sin;   // [positions, head_dim] in the activations' dtype
+  bool keep_logits = false;   // keep each token's logits for logits() (the tests compare them bit for bit)
+  at::Tensor last_logits;
+
+  void keep(bool on) { keep_logits = on, last_logits = at::Tensor(); }
+  at::Tensor logits() const {
+    TORCH_CHECK(last_logits.defined(), "DecodePlan.logits: none kept (keep(True) first, then a step)");
+    return last_logits;
+  }
+
+  DecodePlan(std::vector<at::Tensor> tensors_, std::vector<int64_t> ints_, at::Tensor embed_, at::Tensor norm_,
+             std::vector<at::Tensor> head_, std::vector<int64_t> head_ints_, double eps_, double norm_eps_,
+             int64_t heads_, int64_t kv_heads_, int64_t head_dim_, double scale_)
+      : tensors(std::move(tensors_)), head(std::move(head_)), ints(std::move(ints_)), head_ints(std::move(head_ints_)),
+        embed(std::move(embed_)), norm(std::move(norm_)), eps(eps_), norm_eps(norm_eps_), scale(scale_),
+        heads(heads_), kv_heads(kv_heads_), head_dim(head_dim_) {
+    TORCH_CHECK(embed.dim() == 2 && embed.is_contiguous() &&
+                    (embed.scalar_type() == at::kFloat || embed.scalar_type() == at::kBFloat16),
+                "DecodePlan: the embedding must be a contiguous fp32 or bf16 [vocab, hidden] table");
+    TORCH_CHECK(norm.dim() == 1 && norm.size(0) == embed.size(1) && norm.scalar_type() == embed.scalar_type() &&
+                    norm.is_contiguous(),
+                "DecodePlan: the final norm's weight must be [hidden] in the embedding's dtype");
+    TORCH_CHECK(head.size() == kTensorsPerLinear && head_ints.size() == kIntsPerLinear,
+                "DecodePlan: the head is one linear: ", kTensorsPerLinear, " tensors and ", kIntsPerLinear, " ints");
+  }
+
+  void bind(std::vector<at::Tensor> keys_, std::vector<at::Tensor> values_, std::vector<at::Tensor> counters_,
+            at::Tensor cos_, at::Tensor sin_) {
+    TORCH_CHECK(cos_.dim() == 2 && cos_.size(1) == head_dim && cos_.is_contiguous() && sin_.sizes() == cos_.sizes() &&
+                    sin_.is_contiguous() && cos_.scalar_type() == embed.scalar_type() &&
+                    sin_.scalar_type() == embed.scalar_type(),
+                "DecodePlan.bind: cos and sin must be contiguous [positions, head_dim] in the activations' dtype");
+    keys = std::move(keys_), values = std::move(values_), counters = std::move(counters_);
+    cos = std::move(cos_), sin = std::move(sin_);
+  }
+};
+
+// The first index of each row's largest value, NaN counting as the largest (as at::argmax).
+template <typename T>
+void argmax_rows(const T* x, int64_t M, int64_t n, int64_t* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const T* r = x + m * n;
+    int64_t best = 0;
+    float top = static_cast<float>(r[0]);
+    if (!std::isnan(top))
+      for (int64_t j = 1; j < n; ++j) {
+        const float v = static_cast<float>(r[j]);
+        if (std::isnan(v)) {
+          best = j;
+          break;
+        }
+        if (v > top) top = v, best = j;
+      }
+    out[m] = best;
+  }
+}
+
+// ids [B] (int64) → the next token of each row [B, 1]: the embedding, every layer (decode_layers, over the
+// bound cache, at column col), the final norm, the head and the greedy choice. positions [B]: each row's
+// rotary position (None: col for every row); keep: decode_layers'.
+at::Tensor decode_next(const c10::intrusive_ptr<DecodePlan>& plan, const at::Tensor& ids,
+                       const c10::optional<at::Tensor>& positions, const c10::optional<at::Tensor>& keep, int64_t col,
+                       int64_t length) {
+  RECORD_FUNCTION("variantlab_kernels::decode_next", std::vector<c10::IValue>());
+  const DecodePlan& p = *plan;
+  TORCH_CHECK(!p.keys.empty() && p.cos.defined(), "decode_next: the plan is bound to no cache");
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "decode_next: ids must be int64 [B]");
+  TORCH_CHECK(length <= p.cos.size(0), "decode_next: the rotary table holds ", p.cos.size(0), " positions, not ",
+              length);
+  const int64_t B = ids.size(0);
+  at::Tensor h, cos, sin;
+  {
+    VK_RANGE("embedding");
+    h = p.embed.index_select(0, ids);                                      // [B, D]
+    if (positions.has_value()) {
+      TORCH_CHECK(positions->dim() == 1 && positions->size(0) == B, "decode_next: positions must be [B]");
+      cos = p.cos.index_select(0, *positions);
+      sin = p.sin.index_select(0, *positions);
+    } else {
+      cos = p.cos.narrow(0, col, 1).expand({B, p.head_dim}).contiguous();
+      sin = p.sin.narrow(0, col, 1).expand({B, p.head_dim}).contiguous();
+    }
+  }
+  decode_layers(h, p.tensors, p.ints, p.keys, p.values, p.counters, cos, sin, keep, col, length, p.eps, p.heads,
+                p.kv_heads, p.head_dim, p.scale);
+  auto x = at::empty_like(h);
+  {
+    VK_RANGE("rms_norm");
+    if (h.scalar_type() == at::kFloat)
+      vk::rms_norm(h.data_ptr<float>(), p.norm.data_ptr<float>(), B, h.size(1), static_cast<float>(p.norm_eps),
+                   x.data_ptr<float>());
+    else
+      vk::rms_norm(h.data_ptr<at::BFloat16>(), p.norm.data_ptr<at::BFloat16>(), B, h.size(1),
+                   static_cast<float>(p.norm_eps), x.data_ptr<at::BFloat16>());
+  }
+  const int64_t* hi = p.head_ints.data();
+  const Linear head{hi[0], hi[1], hi[2], hi[3], &p.head[0], &p.head[1], &p.head[2], &p.head[3]};
+  const at::Tensor logits = linear(head, x);                                 // [B, vocab]
+  if (p.keep_logits) plan->last_logits = logits;
+  auto tokens = at::empty({B, 1}, ids.options());
+  {
+    VK_RANGE("argmax");
+    if (logits.scalar_type() == at::kFloat)
+      argmax_rows(logits.data_ptr<float>(), B, logits.size(1), tokens.data_ptr<int64_t>());
+    else
+      argmax_rows(logits.data_ptr<at::BFloat16>(), B, logits.size(1), tokens.data_ptr<int64_t>());
+  }
+  return tokens;
+}
+
 }  // namespace
 
 #ifndef VK_NS
 #define VK_NS variantlab_kernels
 #endif
+#define VK_STR2(x) #x
+#define VK_STR(x) VK_STR2(x)
 TORCH_LIBRARY_FRAGMENT(VK_NS, m) {
   m.def("decode_layers(Tensor(a!) h, Tensor[] tensors, int[] ints, Tensor(b!)[] keys, Tensor(c!)[] values, "
         "Tensor(d!)[] counters, Tensor cos, Tensor sin, Tensor? keep, int col, int length, float eps, int heads, "
         "int kv_heads, int head_dim, float scale) -> Tensor(a!)");
+  m.class_<DecodePlan>("DecodePlan")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, at::Tensor, at::Tensor, std::vector<at::Tensor>,
+                       std::vector<int64_t>, double, double, int64_t, int64_t, int64_t, double>())
+      .def("bind", &DecodePlan::bind)
+      .def("keep", &DecodePlan::keep)
+      .def("logits", &DecodePlan::logits);
+  m.def("decode_next(__torch__.torch.classes." VK_STR(VK_NS) ".DecodePlan plan, Tensor ids, Tensor? positions, "
+        "Tensor? keep, int col, int length) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(VK_NS, CPU, m) { m.impl("decode_layers", &decode_layers); }
+TORCH_LIBRARY_IMPL(VK_NS, CPU, m) {
+  m.impl("decode_layers", &decode_layers);
+  m.impl("decode_next", &decode_next);
+}
