@@ -117,6 +117,7 @@ def main() -> None:
     clock = CLOCKS[args.clock]
     engine = TorchEngine(model, tok, "cpu", "bench", clock=clock)
     ban(model, engine.eos_ids | engine.vocabulary.ids_containing("\n"))
+    engine = TorchEngine(model, tok, "cpu", "bench", clock=clock)   # its decode step takes the head it has when made
     prompts = [s["prompt"] for s in generate_samples(args.prompts, 0)]
     prompt_ids = [engine.encode(p) for p in prompts]
     for p, ids in zip(prompts, prompt_ids):  # warm up both paths (and check the harness runs to --tokens)

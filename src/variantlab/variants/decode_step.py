@@ -77,7 +77,7 @@ class DecodeStep:
     """`step(nxt, cache, mask, pos)` → next tokens (B, 1): TorchEngine's decode step, in one C++ call per step."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype, tensors: list, ints: list[int]):
-        self.model = model                 # its embedding, rotary, final norm and head are read at each call
+        self.model = model   # without a plan, its embedding, rotary, final norm and head are called at each step
         inner = model.model
         config = model.config
         self.dtype = dtype
