@@ -19,7 +19,7 @@ the tail of its output and the next one runs; steps past the budget are recorded
 8. cpu-kernels  our CPU kernels' tests (kernels, decode step, decode kernels) on the machine's own CPU, whose
                 instruction set the report names: a GPU machine's server CPU may have the AVX-512 our own
                 machines have lacked for sessions (there the AVX-512 kernels run on an emulated CPU: right,
-                not fast); last, so the CUDA steps keep their time
+                not fast); last, so the CUDA steps keep their time. Dry, test_kernels.py alone
 
 Without CUDA (or DEVICE_CHECK_DRY=1) the same steps run on the CPU where they can — smaller models,
 fewer variants, one round — and the report says which were skipped for lack of CUDA. Our CPU kernels stay

@@ -59,7 +59,7 @@ def test_the_device_check_runs_dry_here_and_reports_every_step(tmp_path):
     assert serve["stream"]["ttft_s"] > 0 and len(serve["calibration"]) == 2   # both variants measured for adaptive
     assert "serve" in (out / "steps.log").read_text() and "$ " in (out / "steps.log").read_text()
     kernels = steps["cpu-kernels"]["figures"]          # our kernels' tests ran, switched on for that step alone
-    assert kernels["isa"] in ("AVX-512", "AVX2") and kernels["counts"]["passed"] >= 100 and "failed" not in kernels["counts"]
+    assert kernels["isa"] in ("AVX-512", "AVX2") and kernels["counts"]["passed"] >= 50 and "failed" not in kernels["counts"]
     assert "VARIANTLAB_KERNELS=1 " in (out / "steps.log").read_text()
 
 
