@@ -239,8 +239,7 @@ def test_recipes_lists_the_dtype_recipes(tmp_path):
         assert name in proc.stdout
 
 
-def test_hw_prints_the_machine_and_keeps_its_ceilings(tmp_path, monkeypatch):
-    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path / "cache"))
+def test_hw_prints_the_machine_and_keeps_its_ceilings(tmp_path, fresh_cache):
     first = run_cli("hw", "--json", "--threads", "1", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)

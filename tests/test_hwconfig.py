@@ -364,9 +364,8 @@ def test_the_recipes_command_lists_auto(tmp_path):
 
 
 @pytest.mark.slow
-def test_auto_plans_on_this_machine_with_real_measurements(tmp_path, monkeypatch):
+def test_auto_plans_on_this_machine_with_real_measurements(tmp_path, fresh_cache):
     from variantlab.measure.plan import plan_suite_file
-    monkeypatch.setenv("VARIANTLAB_CACHE", str(tmp_path / "cache"))
     v = plan_suite_file(write_suite(tmp_path, scenario="offline")).variant("auto")
     assert v.definition.recipe in ("fp32", "bf16", "int8", "int4", "w8a8", "w4a8")
     assert v.resolved["config"]["choices"][0]["name"] == "dtype"
