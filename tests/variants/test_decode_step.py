@@ -206,22 +206,38 @@ def test_the_plan_chooses_as_argmax_does_a_nan_counting_as_the_largest(our_kerne
 
 def test_the_plan_binds_each_cache_with_the_rotary_module_s_own_cos_and_sin(our_kernels, qwen2_dir):
     """Bound to a cache, the plan holds the rotary module's cos and sin of every position of it: each row equal,
-    bit for bit, to what the module gives that position alone (a step's call)."""
+    bit for bit, to what the module gives that position alone (a step's call). A shorter cache after a longer one
+    is handed the first rows of the longer one's table, not a table made anew."""
     ours, _ = engines(qwen2_dir, "bf16")
     step, inner = ours.step, ours.model.model
     with torch.inference_mode():
-        cache = ours.caches.acquire(1, 40)
-        ours.model(input_ids=torch.tensor([[5, 9, 11]]), past_key_values=cache, use_cache=True)
-        seen = {}
-        step.plan = types.SimpleNamespace(bind=lambda keys, values, counters, cos, sin: seen.update(
-            cos=cos, sin=sin, keys=keys))                # what the C++ plan would be handed
-        step._bind(cache)
         h = inner.embed_tokens(torch.tensor([5]))
-        for position in (0, 1, 17, cache.layers[0].keys.shape[2] - 1):
-            cos, sin = inner.rotary_emb(h, torch.tensor([[position]]))
-            assert torch.equal(seen["cos"][position], cos[0, 0]) and torch.equal(seen["sin"][position], sin[0, 0])
-    assert seen["cos"].dtype == torch.bfloat16 and seen["cos"].shape[0] == cache.layers[0].keys.shape[2]
-    assert [k.data_ptr() for k in seen["keys"]] == [layer.keys.data_ptr() for layer in cache.layers]
+        for tokens_ in (200, 40):                         # buckets of 256, then 128 positions
+            cache = ours.caches.acquire(1, tokens_)
+            ours.model(input_ids=torch.tensor([[5, 9, 11]]), past_key_values=cache, use_cache=True)
+            seen = {}
+            step.plan = types.SimpleNamespace(bind=lambda keys, values, counters, cos, sin: seen.update(
+                cos=cos, sin=sin, keys=keys))            # what the C++ plan would be handed
+            step._bind(cache)
+            length = cache.layers[0].keys.shape[2]
+            for position in (0, 1, 17, length - 1):
+                cos, sin = inner.rotary_emb(h, torch.tensor([[position]]))
+                assert torch.equal(seen["cos"][position], cos[0, 0]) and torch.equal(seen["sin"][position], sin[0, 0])
+            assert seen["cos"].dtype == torch.bfloat16 and seen["cos"].shape[0] == length
+            assert seen["cos"].is_contiguous() and seen["sin"].is_contiguous()
+            assert [k.data_ptr() for k in seen["keys"]] == [layer.keys.data_ptr() for layer in cache.layers]
+    assert seen["cos"].data_ptr() == step._rotary[0].data_ptr() and step._rotary[0].shape[0] == 256
+
+
+def test_requests_alternating_between_two_caches_get_transformers_tokens(our_kernels, qwen2_dir):
+    """The engine keeps a cache per length bucket and the plan is bound again at each change: a short and a long
+    request in turn, each rebinding, decode what transformers' forward decodes."""
+    ours, theirs = engines(qwen2_dir)
+    short, long = requests(1, 12)[0], GenerationRequest("long", prompt_ids=(5, 9, 11), max_new_tokens=140,
+                                                          stop_on_eos=False)
+    for reqs in ([long], [short], [long], [short]):
+        assert tokens(ours, reqs) == tokens(theirs, reqs)
+    assert set(ours.caches._pool) == {(1, 128), (1, 256)}
 
 
 def test_a_model_it_does_not_run_keeps_transformers_and_says_why(our_kernels, family_dirs, tiny_lm):

@@ -92,6 +92,7 @@ class DecodeStep:
         self._lists: tuple = (None, None)
         self.plan = self._plan()   # the whole token in one call (decode_next), or None: decode_layers and modules
         self._bound = None         # the cache the plan is bound to
+        self._rotary = None        # the rotary (cos, sin) tables, (positions, head_dim) each, for _bind
 
     @classmethod
     def for_model(cls, model: nn.Module) -> "DecodeStep | str":
@@ -140,12 +141,17 @@ class DecodeStep:
     def _bind(self, cache) -> None:
         """The plan bound to `cache`: its layers' keys, values and counters, and the model's own rotary cos/sin
         of each of its positions (one call of the rotary module; each position's values are what a step's
-        call would give: a product and a cos or sin per element)."""
+        call would give: a product and a cos or sin per element). The table is made once for the longest cache
+        so far and its first rows are handed to shorter ones: requests alternate between the engine's caches
+        (one per length bucket), and making it anew took 85 of a rebinding's 130 us on the tiny model."""
         keys, values, counters = self._cache_lists(cache)
-        inner = self.model.model
-        positions = torch.arange(keys[0].shape[2]).unsqueeze(0)
-        cos, sin = inner.rotary_emb(inner.embed_tokens.weight[:1], positions)            # (1, L, head_dim)
-        self.plan.bind(keys, values, counters, cos[0].contiguous(), sin[0].contiguous())
+        length = keys[0].shape[2]
+        if self._rotary is None or self._rotary[0].shape[0] < length:
+            inner = self.model.model
+            cos, sin = inner.rotary_emb(inner.embed_tokens.weight[:1], torch.arange(length).unsqueeze(0))  # (1, L, d)
+            self._rotary = (cos[0].contiguous(), sin[0].contiguous())
+        cos, sin = self._rotary
+        self.plan.bind(keys, values, counters, cos[:length], sin[:length])
         self._bound = cache
 
     @staticmethod
