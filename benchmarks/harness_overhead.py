@@ -14,13 +14,14 @@ model's head gets a bias of -1e4 on every token that is EOS or holds a newline, 
 string must hold a newline (so none can occur). Both paths run this same model, so the bias costs
 them alike; the script checks that every harness request ran to --tokens ("length").
 
-Both run in this process on the same model and prompts, back to back per prompt, so that machine noise and
-warm caches favour neither: the three runs of a prompt (harness, bare, bare again) take the six orders in turn, so
-each path is first, second and third equally often. (The first run after a change of prompt is the slowest,
-by up to 2-3% on the tiny model: its cache of another length bucket, in memory touched less recently; an
-earlier ABBA order never put the bare loop first, which read as that much harness overhead.) Per-token time = (last token time - first token
-time) / (tokens - 1), i.e. TPOT, per request. The headline ratio is the median of the back-to-back
-pairs' ratios (slow drift in the machine's load cancels within a pair), with a bootstrap 95% CI.
+Both run in this process on the same model and prompts, back to back per prompt, so that machine noise
+and warm caches favour neither: the three runs of a prompt (harness, bare, bare again) take the six
+orders in turn, so each path is first, second and third equally often. (The first run after a change of
+prompt is the slowest, by up to 2-3% on the tiny model: its cache is of another length bucket, in memory
+touched less recently; an earlier ABBA order never put the bare loop first, which read as harness
+overhead.) Per-token time = (last token time - first token time) / (tokens - 1), i.e. TPOT, per
+request. The headline ratio is the median of the back-to-back pairs' ratios (slow drift in the
+machine's load cancels within a pair), with a bootstrap 95% CI.
 
     python benchmarks/harness_overhead.py [--model DIR] [--rounds 15] [--tokens 64] [--prompts 4]
         [--threads N] [--clock wall|cpu] [--noop-tokens 2000]

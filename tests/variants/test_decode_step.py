@@ -212,8 +212,8 @@ def test_the_plan_binds_each_cache_with_the_rotary_module_s_own_cos_and_sin(our_
     step, inner = ours.step, ours.model.model
     with torch.inference_mode():
         h = inner.embed_tokens(torch.tensor([5]))
-        for tokens_ in (200, 40):                         # buckets of 256, then 128 positions
-            cache = ours.caches.acquire(1, tokens_)
+        for positions in (200, 40):                       # buckets of 256, then 128 positions
+            cache = ours.caches.acquire(1, positions)
             ours.model(input_ids=torch.tensor([[5, 9, 11]]), past_key_values=cache, use_cache=True)
             seen = {}
             step.plan = types.SimpleNamespace(bind=lambda keys, values, counters, cos, sin: seen.update(
