@@ -34,21 +34,12 @@ def cuda_unavailable_reason() -> str | None:
 
 @pytest.hookimpl(trylast=True)      # after -m has deselected: count only the tests this run would have run
 def pytest_collection_modifyitems(config, items):
-    slow_first(items)
     marked = [item for item in items if item.get_closest_marker("cuda")]
     reason = cuda_unavailable_reason() if marked else None
     if reason is None:
         return
     for item in marked:
         item.add_marker(pytest.mark.skip(reason=reason))
-
-
-def slow_first(items) -> None:
-    """The files with a test marked slow or e2e (end-to-end runs, up to minutes each) first, each file's tests in
-    their order: the two test processes (`-n 2 --dist loadfile`) take a file at a time in this order, so a long file
-    taken last would leave one process alone at the end of the run for its whole length."""
-    slow = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("e2e")}
-    items.sort(key=lambda item: item.path not in slow)      # stable: files stay whole and in their order
 
 
 def cuda_skips(reports) -> tuple[int, str]:
