@@ -74,7 +74,7 @@ def test_gguf_variants_built_and_given_share_one_table_with_torch(tmp_path):
     from variantlab.variants import gguf_convert
     gguf_convert.find_converter()
     suite = tmp_path / "s.yaml"
-    suite.write_text(SUITE.format(rounds=2, variants="\n".join([
+    suite.write_text(SUITE.format(rounds=1, variants="\n".join([
         "  - {name: f32, backend: llamacpp, gguf_type: F32}", "  - {name: q4, backend: llamacpp, gguf_type: Q4_0}"])))
     done = run_cli(["bench", str(suite)], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

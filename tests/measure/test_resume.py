@@ -64,7 +64,7 @@ def workers_under(folder: Path) -> list[psutil.Process]:
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_run_killed_with_sigkill_leaves_no_worker_and_resume_finishes_it_keeping_every_record(tmp_path):
-    suite, store = write_suite(tmp_path), tmp_path / "store.sqlite"
+    suite, store = write_suite(tmp_path, rounds=2), tmp_path / "store.sqlite"
     proc = cli("bench", suite, cwd=tmp_path)
     deadline = time.monotonic() + 400
     while measured(store) < 2 and time.monotonic() < deadline and proc.poll() is None:
@@ -82,15 +82,15 @@ def test_a_run_killed_with_sigkill_leaves_no_worker_and_resume_finishes_it_keepi
     before = rows(store)
     with Store(store) as s:
         (run,) = s.runs()
-    assert run.status == "running" and 2 <= sum(r[2] == "measure" for r in before) < 6
+    assert run.status == "running" and 2 <= sum(r[2] == "measure" for r in before) < 4
 
     resumed = cli("bench", "--resume", run.run_id, "--store", store, cwd=tmp_path)
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     after = rows(store)
     assert after[:len(before)] == before                      # every record kept, unchanged (same id, same bytes)
-    assert sorted((r[1], r[3]) for r in after if r[2] == "measure") == [
-        ("base", 0), ("base", 1), ("base", 2), ("half", 0), ("half", 1), ("half", 2)]
+    assert sorted((r[1], r[3]) for r in after if r[2] == "measure") == [("base", 0), ("base", 1), ("half", 0),
+                                                                          ("half", 1)]
     assert all(r[4] == "ok" for r in after)
     with Store(store) as s:
         assert s.run(run.run_id).status == "done"
@@ -113,7 +113,7 @@ def test_a_live_run_cannot_be_resumed_from_another_working_folder_and_the_refusa
     a.mkdir()
     b.mkdir()
     (b / "link").symlink_to(a)
-    suite = yaml.safe_load(write_suite(tmp_path, rounds=2).read_text())
+    suite = yaml.safe_load(write_suite(tmp_path, rounds=1).read_text())
     del suite["output"]                                   # ./variantlab.sqlite and ./runs: relative to A
     (a / "suite.yaml").write_text(yaml.safe_dump(suite))
     store = a / "variantlab.sqlite"
@@ -143,8 +143,7 @@ def test_a_live_run_cannot_be_resumed_from_another_working_folder_and_the_refusa
     after = rows(store)
     assert after[:len(before)] == before
     assert [r[0] for r in after] == list(range(1, len(after) + 1))   # no record id went missing
-    assert sorted((r[1], r[3]) for r in after if r[2] == "measure") == [("base", 0), ("base", 1), ("half", 0),
-                                                                          ("half", 1)]
+    assert sorted((r[1], r[3]) for r in after if r[2] == "measure") == [("base", 0), ("half", 0)]
     with Store(store) as s:
         assert s.run(run.run_id).status == "done"
 

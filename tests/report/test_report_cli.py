@@ -108,8 +108,9 @@ def real_run(tmp_path_factory):
     bench = run_cli("bench", "suite.yaml", cwd=tmp)
     assert bench.returncode == 0, bench.stderr
     (run_id,) = [p.name for p in (tmp / "runs").iterdir()]
-    explain = run_cli("explain", run_id, "base", "lin-int8", "--store", "s.sqlite", "--rounds", "1", cwd=tmp)
+    explain = run_cli("explain", run_id, "base", "lin-int8", "--store", "s.sqlite", "--rounds", "1", "--json", cwd=tmp)
     assert explain.returncode == 0, explain.stderr
+    assert json.loads(explain.stdout)["rounds"] == {"base": 1, "lin-int8": 1}      # `explain --json`: stdout is JSON
     report = run_cli("report", run_id, "--store", "s.sqlite", "-o", "x.html", cwd=tmp)
     assert report.returncode == 0, report.stderr
     assert "wrote x.html" in report.stdout

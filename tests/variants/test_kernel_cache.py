@@ -286,7 +286,9 @@ def test_the_source_of_an_instruction_set_this_cpu_lacks_compiles_and_links_here
     """A host builds only its own instruction set's kernels (`_build.ISA`), so an edit could break the other's
     source unseen until a CPU that needs it runs. Here that source, with the step and the ops, is compiled with
     its own flags and linked with every symbol resolved (-Wl,--no-undefined); never loaded: its instructions
-    need not run on this CPU."""
+    need not run on this CPU. At -O0, not the build's -O3: what is checked is that it compiles and links, and
+    -O3 took 49 s of the three files' 75 on a 2-core AVX-512 EPYC (-O0 26 s; both instruction sets compile
+    at -O0, immediates included)."""
     import shutil
     import sysconfig
 
@@ -300,7 +302,7 @@ def test_the_source_of_an_instruction_set_this_cpu_lacks_compiles_and_links_here
     ext = isa.extension()
     includes = [f for p in (*cpp_extension.include_paths(), sysconfig.get_paths()["include"]) for f in ("-isystem", p)]
     flags = ["-std=c++17", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-             f"-DTORCH_EXTENSION_NAME={ext.name}", *includes, *ext.cflags]
+             f"-DTORCH_EXTENSION_NAME={ext.name}", *includes, *("-O0" if f.startswith("-O") else f for f in ext.cflags)]
     objects = []
     for source in ext.sources:
         objects.append(tmp_path / f"{source.stem}.o")
