@@ -1,48 +1,52 @@
 """Harness overhead: per-token time through the harness path vs a bare KV-cached greedy loop.
 
 The harness path is what a single-stream scenario runs: `run_requests(engine, [request])` per
-request, which takes one request through TorchEngine.collect (the stream's steps, clock reads and stop
-rules, with no event yielded between tokens), with the scenario's stop rules on: EOS and "\\n" (a token-id
-set); --stop adds stop strings (e.g. --stop '\\nQ:' also searches the rolling text tail every
-token). It runs inside torch.inference_mode(), as the worker runs its scenarios (the engine then
-skips its per-step toggle); --caller-mode normal measures a caller outside it. The bare loop is the
-same decode with nothing else: the engine's own decode step (variantlab's, where it runs the model) over
-the engine's static cache; no events, no stop checks, no records, no clock per token.
+request, which takes one request through TorchEngine.collect with the scenario's stop rules on: EOS
+and "\\n" (a token-id set); --stop adds stop strings (e.g. --stop '\\nQ:' also searches the rolling
+text tail every token). It runs inside torch.inference_mode(), as the worker runs its scenarios (the
+engine then skips its per-step toggle); --caller-mode normal measures a caller outside it.
 
-Both must generate exactly --tokens tokens per prompt, so the stop rules must never fire: the
+collect has two loops, and each is measured against its own bare loop:
+- native (where variantlab's decode step runs the model whole, the default): every token after the first
+  in one C++ call (`DecodeStep.run`: the step, the read-back, the clock and the stop-id check per token).
+  Its bare loop is that call with no stop rule: the ratio is what the rest of the harness adds.
+- Python (`engine.native_loop = False`, and what a compiled step or transformers' forward always gets):
+  per token the decode step, `.item()`, the clock, the stop rules and two appends. Its bare loop is the
+  engine's own decode step and `.item()` per token, with no events, stop checks, records or clock.
+The headline ratio (goal <= 1.01) is the native one where it runs, else the Python one; both are printed,
+with the native loop's speed against the bare Python loop.
+
+Every path must generate exactly --tokens tokens per prompt, so the stop rules must never fire: the
 model's head gets a bias of -1e4 on every token that is EOS or holds a newline, and every stop
-string must hold a newline (so none can occur). Both paths run this same model, so the bias costs
+string must hold a newline (so none can occur). All paths run this same model, so the bias costs
 them alike; the script checks that every harness request ran to --tokens ("length").
 
-Both run in this process on the same model and prompts, back to back per prompt, so that machine noise
-and warm caches favour neither: the three runs of a prompt (harness, bare, bare again) take the six
-orders in turn, so each path is first, second and third equally often. (The first run after a change of
-prompt is the slowest, by up to 2-3% on the tiny model: its cache is of another length bucket, in memory
-touched less recently; an earlier ABBA order never put the bare loop first, which read as harness
-overhead.) Per-token time = (last token time - first token time) / (tokens - 1), i.e. TPOT, per
-request. The headline ratio is the median of the back-to-back pairs' ratios (slow drift in the
-machine's load cancels within a pair), with a bootstrap 95% CI.
+All run in this process on the same model and prompts, back to back per prompt, so that machine noise
+and warm caches favour none: every prompt takes the paths in each cyclic order in turn (each path first,
+second, ... equally often for each prompt: the first run after a change of prompt is the slowest, by up
+to 2-3% on the tiny model, its cache of another length bucket). Per-token time = (last token time - first
+token time) / (tokens - 1), i.e. TPOT, per request. A ratio is the median of the back-to-back pairs'
+ratios (slow drift in the machine's load cancels within a pair), with a bootstrap 95% CI.
 
     python benchmarks/harness_overhead.py [--model DIR] [--rounds 15] [--tokens 64] [--prompts 4]
         [--threads N] [--clock wall|cpu] [--noop-tokens 2000]
 
---clock cpu times both paths by this thread's CPU time (the engine's clock injected), which other
-processes on a shared machine disturb less; but reading it is a system call (about 0.4 us) that the
-harness makes once per token and the bare loop twice per request, so it overstates the ratio by
-about 0.001-0.002.
+--clock cpu times the Python paths by this thread's CPU time (the engine's clock injected), which other
+processes on a shared machine disturb less; reading it is a system call (about 0.4 us) that the harness
+makes once per token and the bare loop twice per request, so it overstates the ratio by about 0.001-0.002.
+The native loop reads the wall clock (time.perf_counter's), so under --clock cpu it does not run.
 
-Two more lines bound what the ratio can show. The noise floor: a second copy of the bare loop runs in the same
-rounds, and its ratio to the first (A/A) is what the machine's drift alone gives. The harness's own work: both
-paths again with the decode step replaced by one that returns its input at once (the model's prefill still
-runs), --noop-tokens tokens a request; the difference per token is the Python the harness adds to every step,
-free of the memory-bound step's noise, printed also as a share of the real step.
+Two more lines bound what the ratios can show. The noise floor: a second copy of the headline's bare loop
+runs in the same rounds, and its ratio to the first (A/A) is what the machine's drift alone gives. The Python
+harness's own work: both Python paths again with the decode step replaced by one that returns its input at
+once (the model's prefill still runs), --noop-tokens tokens a request; the difference per token is the Python
+that loop adds to every step, free of the memory-bound step's noise.
 
-Goal (issues 2 and 8): ratio at most 1.01.
+Goal (issues 2, 8 and 25): ratio at most 1.01.
 """
 from __future__ import annotations
 
 import argparse
-import itertools
 import random
 import statistics
 import time
@@ -61,7 +65,8 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 @torch.inference_mode()
 def bare_per_token(engine: TorchEngine, ids: list[int], n_tokens: int, clock=time.perf_counter) -> float:
     """The engine's own decode step (`engine._decode`: our decode step, or transformers' forward where it does not
-    run the model) over the engine's static cache, with nothing else: no events, stop checks or records."""
+    run the model) over the engine's static cache, and `.item()`, per token, with nothing else: no events, stop
+    checks or records."""
     model = engine.model
     cache = engine.caches.acquire(1, len(ids) + n_tokens)
     logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
@@ -72,6 +77,22 @@ def bare_per_token(engine: TorchEngine, ids: list[int], n_tokens: int, clock=tim
         nxt = engine._decode(nxt, cache, None, None)
         nxt.item()
     return (clock() - t0) / (n_tokens - 1)
+
+
+@torch.inference_mode()
+def bare_native_per_token(engine: TorchEngine, ids: list[int], n_tokens: int) -> float:
+    """The native loop alone (`DecodeStep.run` with no stop rule) over the engine's static cache: TPOT from its
+    own token times."""
+    cache = engine.caches.acquire(1, len(ids) + n_tokens)
+    logits = engine.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True,
+                          logits_to_keep=1).logits
+    nxt = logits[:, -1].argmax(-1, keepdim=True)
+    nxt.item()
+    t0 = time.perf_counter()
+    got = engine.step.run(nxt, cache, n_tokens - 1, None)
+    if got is None:
+        raise RuntimeError("the native loop does not run this model's cache")
+    return (got[1][-1] - t0) / (n_tokens - 1)
 
 
 def harness_per_token(engine: TorchEngine, prompt: str, n_tokens: int, stop: tuple[str, ...],
@@ -125,45 +146,68 @@ def main() -> None:
     engine = TorchEngine(model, tok, "cpu", "bench", clock=clock)   # its decode step takes the head it has when made
     prompts = [s["prompt"] for s in generate_samples(args.prompts, 0)]
     prompt_ids = [engine.encode(p) for p in prompts]
-    for p, ids in zip(prompts, prompt_ids):  # warm up both paths (and check the harness runs to --tokens)
-        bare_per_token(engine, ids, 8, clock)
-        harness_per_token(engine, p, args.tokens, stop, inference)
-    harness, bare, paired, floor = [], [], [], []
-    orders = list(itertools.permutations(("harness", "bare", "bare again")))
-    for r in range(args.rounds):  # each path in each place equally often (the first run of a prompt is slower)
+    native = engine.step is not None and getattr(engine.step, "plan", None) is not None and args.clock == "wall"
+
+    def harness(p, native_loop):
+        engine.native_loop = native_loop
+        return harness_per_token(engine, p, args.tokens, stop, inference)
+
+    paths = {"harness python": lambda p, ids: harness(p, False),
+             "bare python": lambda p, ids: bare_per_token(engine, ids, args.tokens, clock)}
+    if native:
+        paths.update({"harness native": lambda p, ids: harness(p, True),
+                      "bare native": lambda p, ids: bare_native_per_token(engine, ids, args.tokens)})
+    head = "native" if native else "python"
+    paths[f"bare {head} again"] = paths[f"bare {head}"]
+    for p, ids in zip(prompts, prompt_ids):  # warm up every path (and check the harness runs to --tokens)
+        for run in paths.values():
+            run(p, ids)
+    names = list(paths)
+    got: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(args.rounds):  # each path in each place equally often, for every prompt
         for i, (p, ids) in enumerate(zip(prompts, prompt_ids)):
-            run = {"harness": lambda: harness_per_token(engine, p, args.tokens, stop, inference),
-                   "bare": lambda: bare_per_token(engine, ids, args.tokens, clock),
-                   "bare again": lambda: bare_per_token(engine, ids, args.tokens, clock)}
-            order = orders[(r * len(prompts) + i) % len(orders)]
-            got = {k: run[k]() for k in order}
-            harness.append(got["harness"])
-            bare.append(got["bare"])
-            paired.append(got["harness"] / got["bare"])
-            floor.append(got["bare again"] / got["bare"])
+            k = (r + i) % len(names)
+            for name in names[k:] + names[:k]:
+                got[name].append(paths[name](p, ids))
+    engine.native_loop = True
     own = own_work(engine, prompts[0], prompt_ids[0], args.noop_tokens, stop, inference, clock)
-    h, b = statistics.median(harness), statistics.median(bare)
-    lo, hi = bootstrap_median_ci(paired)
-    flo, fhi = bootstrap_median_ci(floor)
+
+    def ratio(a: str, b: str) -> str:
+        pairs = [x / y for x, y in zip(got[a], got[b])]
+        lo, hi = bootstrap_median_ci(pairs)
+        return f"{statistics.median(pairs):.4f} (95% CI {lo:.4f}-{hi:.4f})"
+
+    med = {k: statistics.median(v) for k, v in got.items()}
     print(f"model {path} | threads {torch.get_num_threads()} | {args.rounds} rounds x {len(prompts)} prompts "
           f"x {args.tokens} tokens | clock {args.clock}")
     print(f"harness path: stop rules EOS, {', '.join(map(repr, stop))}; caller mode {args.caller_mode}")
-    print(f"per-token time, harness path (median TPOT): {h * 1e3:.4f} ms")
-    print(f"per-token time, bare decode loop (median):  {b * 1e3:.4f} ms")
-    print(f"ratio harness / bare, median of {len(paired)} back-to-back pairs: {statistics.median(paired):.4f} "
-          f"(95% CI {lo:.4f}-{hi:.4f}); of the medians: {h / b:.4f}; goal <= 1.01")
-    print(f"noise floor, bare again / bare (A/A), median of {len(floor)} pairs: {statistics.median(floor):.4f} "
-          f"(95% CI {flo:.4f}-{fhi:.4f})")
-    print(f"the harness's own work, decode step a no-op ({args.noop_tokens} tokens, median of 9): "
-          f"{own * 1e6:.2f} us a token = {own / b:.4f} of the real step")
+    if not native:
+        why = "--clock cpu" if engine.step is not None and engine.step.plan is not None else \
+            (engine.step_note or "variantlab's decode step has no plan for this model")
+        print(f"the native loop does not run here ({why}): the Python loop is the harness's path")
+    for name in names[:-1]:
+        print(f"per-token time, {name:<15} (median TPOT): {med[name] * 1e3:.4f} ms")
+    n = len(got[names[0]])
+    if native:
+        print(f"ratio harness / bare, native loop, median of {n} back-to-back pairs: "
+              f"{ratio('harness native', 'bare native')}; goal <= 1.01")
+    print(f"ratio harness / bare, Python loop, median of {n} pairs: {ratio('harness python', 'bare python')}"
+          + ("" if native else "; goal <= 1.01"))
+    if native:
+        print(f"native harness / Python bare loop (what the native loop saves), median of {n} pairs: "
+              f"{ratio('harness native', 'bare python')}")
+    print(f"noise floor, bare {head} again / bare {head} (A/A), median of {n} pairs: "
+          f"{ratio(f'bare {head} again', f'bare {head}')}")
+    print(f"the Python loop's own work, decode step a no-op ({args.noop_tokens} tokens, median of 9): "
+          f"{own * 1e6:.2f} us a token = {own / med['bare python']:.4f} of the real step")
 
 
 def own_work(engine: TorchEngine, prompt: str, ids: list[int], n_tokens: int, stop: tuple[str, ...],
              inference: bool, clock) -> float:
-    """Per-token time of the harness path minus the bare loop's, the engine's decode step replaced by one that
-    returns its input (a token the ban leaves greedy, so the request runs to n_tokens): the Python alone."""
+    """Per-token time of the Python harness loop minus the bare Python loop's, the engine's decode step replaced by
+    one that returns its input (a token the ban leaves greedy, so the request runs to n_tokens): the Python alone."""
     real = engine._decode
-    engine._decode = lambda nxt, cache, mask, pos: nxt
+    engine._decode = lambda nxt, cache, mask, pos: nxt   # (collect's native loop runs only when _decode is the step)
     try:
         diffs = [harness_per_token(engine, prompt, n_tokens, stop, inference)
                  - bare_per_token(engine, ids, n_tokens, clock) for _ in range(9)]

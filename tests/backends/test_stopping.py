@@ -206,3 +206,26 @@ def test_eos_and_max_new_tokens(tok_vocab):
     # the stop rule wins over the length rule on the same token
     nl = tok.encode("\n", add_special_tokens=False)
     assert fast_first_stop(vocab, seq[:1] + nl, ("\n",), eos, limit=len(nl) + 1)[1] == FINISH_STOP
+
+
+def test_only_wake_ids_end_a_request_while_no_run_is_open(tok_vocab):
+    """A loop may run on without asking the rules after a token outside their wake set while no run is open
+    (TorchEngine.collect's native calls): on every sequence and stop set, such a token never ends the request.
+    Where only an id set decides, the wake set is that id set."""
+    tok, vocab = tok_vocab
+    eos = frozenset({tok.eos_token_id})
+    quiet = ended = 0
+    for seq in sequences(tok):
+        for stops in STOPS:
+            rule = RequestStop(build_spec(vocab, stops, eos), vocab, 10**9)
+            for t in seq:
+                skippable = not rule.run_open and t not in rule.wake
+                why = rule.finish(t)
+                assert why is None or not skippable, (seq, stops, t, tok.decode(seq))
+                quiet += skippable
+                if why is not None:
+                    ended += 1
+                    break
+    assert quiet > 2000 and ended > 500
+    assert build_spec(vocab, ("\n",), eos).wake == build_spec(vocab, ("\n",), eos).ids or not vocab.sets_exact
+    assert build_spec(vocab, (), eos).wake == eos

@@ -283,3 +283,118 @@ def test_planning_knows_which_checkpoints_the_step_runs(our_kernels, tiny_model_
     assert not runs_config(json.loads((family_dirs["gpt2"] / "config.json").read_text()))
     assert not runs_config(config | {"architectures": ["MistralForCausalLM"], "sliding_window": 16})
     assert not runs_config(config | {"hidden_act": "gelu"})
+
+
+# ------------------------------------------------------------------ the native loop (DecodeStep.run, collect)
+
+@pytest.fixture(scope="module")
+def structured():
+    """The shipped tiny model, fp32: it answers the dataset's questions, so "\\n" and EOS really end requests."""
+    from pathlib import Path
+
+    from variantlab.models.loading import load_causal_lm, resolve_model_path
+    return load_causal_lm(Path(resolve_model_path("builtin:tiny-structured")), torch.float32, "cpu")
+
+
+def counted(engine) -> list:
+    """The engine's DecodeStep.run, counting its calls (it still runs)."""
+    calls, run = [], engine.step.run
+    engine.step.run = lambda *a: calls.append(1) or run(*a)
+    return calls
+
+
+def test_the_native_loop_gives_the_python_loop_s_tokens_finish_and_text_on_time_perf_counter_s_clock(
+        our_kernels, structured):
+    """collect decodes a request's tokens after the first in C++ calls that return only at a token of the stop rules'
+    wake set: the same tokens, finish reason and text as its Python loop, for a stop at "\\n" (an id set, as EOS
+    is), at a stop string of three characters (the text followed) and at the length limit; each token's time on
+    time.perf_counter's clock (between readings taken before and after), in order. An injected clock keeps the
+    Python loop."""
+    import time
+
+    from variantlab.data.structured import generate_samples
+    model, tok = structured
+    engine = TorchEngine(model, tok, "cpu", "test")
+    assert engine.step is not None and engine.step.plan is not None, engine.step_note
+    calls = counted(engine)
+    prompts = [s["prompt"] for s in generate_samples(4, 0)]
+    cases = [dict(stop=("\n",), max_new_tokens=40), dict(max_new_tokens=40), dict(max_new_tokens=6),
+             dict(stop=("\n",), max_new_tokens=1), dict(stop=("\nQ:",), max_new_tokens=60)]
+    finishes = set()
+    with torch.inference_mode():
+        for i, (p, kw) in enumerate((p, kw) for kw in cases for p in prompts):
+            req = GenerationRequest(f"r{i}", prompt=p, **kw)
+            engine.native_loop, before = True, len(calls)
+            t0 = time.perf_counter()
+            (native,) = run_requests(engine, [req])
+            t1 = time.perf_counter()
+            used = len(calls) - before
+            engine.native_loop = False
+            (python,) = run_requests(engine, [req])
+            assert native.token_ids == python.token_ids and native.finish_reason == python.finish_reason
+            assert native.output_text == python.output_text and native.ok
+            assert t0 <= native.send_time <= native.first_token_time <= native.end_time <= t1
+            assert list(native.token_times) == sorted(native.token_times)
+            assert (used > 0) == (native.tokens_out > 1)   # (a request ended by its first token needs no loop)
+            finishes.add((kw.get("stop"), native.finish_reason))
+    assert {(("\n",), "stop"), (("\nQ:",), "stop"), (None, "length")} <= finishes   # each rule ended some
+
+    clocked = TorchEngine(model, tok, "cpu", "test", clock=time.thread_time)
+    calls = counted(clocked)
+    with torch.inference_mode():
+        run_requests(clocked, [GenerationRequest("c", prompt=prompts[0], max_new_tokens=8, stop_on_eos=False)])
+    assert not calls
+
+
+def test_decode_run_ends_with_the_first_stop_id_and_keeps_it(our_kernels, qwen2_dir):
+    """DecodeStep.run straight: with no stop rule it decodes `steps` tokens, what the step's calls decode one by one;
+    with a stop mask it ends with the first token the mask holds. A batch it leaves to the step's calls (None)."""
+    ours, _ = engines(qwen2_dir)
+    step = ours.step
+
+    def fresh():
+        cache = ours.caches.acquire(1, 64)
+        ours.model(input_ids=torch.tensor([[5, 9, 11]]), past_key_values=cache, use_cache=True)
+        return cache
+
+    with torch.inference_mode():
+        cache, nxt, one_by_one = fresh(), torch.tensor([[11]]), []
+        for _ in range(12):
+            nxt = step(nxt, cache, None, None)
+            one_by_one.append(int(nxt))
+        tokens, times = step.run(torch.tensor([[11]]), fresh(), 12, None)
+        assert tokens == one_by_one and len(times) == 12
+        end = tokens[6]
+        stop = torch.zeros(ours.model.lm_head.out_features, dtype=torch.bool)
+        stop[end] = True
+        cut, _ = step.run(torch.tensor([[11]]), fresh(), 12, stop)
+        assert cut == tokens[:tokens.index(end) + 1]
+        batch = ours.caches.acquire(2, 64)
+        assert step.run(torch.tensor([[11], [12]]), batch, 4, None) is None
+
+
+def test_the_engine_refuses_native_tokens_its_stop_rules_would_have_ended_elsewhere(tiny_lm):
+    """After a native call the request's stop rules take its tokens in order (off the clock): a token they end the
+    request at before the last, or a call that ended short of its steps at a token outside their wake set, is an
+    error, not a record. A call that ends at a wake token the rules go on after gives None: the loop goes on."""
+    from variantlab.backends.stopping import RequestStop
+    model, tok = tiny_lm
+    engine = TorchEngine(model, tok, "cpu", "test", decode_step=False)
+    newline = min(engine.vocabulary.ids_containing("\n"))
+    other = next(i for i in range(10, 100) if i not in engine.vocabulary.ids_containing("\n")
+                 and i not in engine.eos_ids)
+
+    def rule(limit=10) -> RequestStop:
+        return engine.stop_rules(GenerationRequest("r", prompt="x", max_new_tokens=limit, stop=("\n",)))
+
+    assert rule().remaining == 10 and newline in rule().wake and other not in rule().wake
+    assert TorchEngine._replay(rule(), [other, other, newline], 9) == "stop"
+    assert TorchEngine._replay(rule(3), [other, other, other], 3) == "length"
+    with pytest.raises(RuntimeError, match="disagree"):
+        TorchEngine._replay(rule(), [other, newline, other], 9)
+    with pytest.raises(RuntimeError, match="disagree"):
+        TorchEngine._replay(rule(), [other, other], 9)
+    long = engine.stop_rules(GenerationRequest("s", prompt="x", max_new_tokens=9, stop=("\nQ:",)))
+    long.finish(other)                               # the text's first token settles it
+    colon = next(i for i in sorted(long.wake) if ":" in engine.vocabulary.pieces[i])
+    assert TorchEngine._replay(long, [other, colon], 8) is None and long.remaining == 6

@@ -110,6 +110,7 @@ class StopSpec:
     long_stops: tuple[str, ...]   # stop strings of 2+ characters (searched in the tail every token)
     keep: int                     # characters of text the tail keeps: len(longest stop) - 1
     needs_text: bool              # whether the text must be followed (else the id set is exact)
+    wake: frozenset[int] = frozenset()   # the ids after which `finish` may end the request (wake_ids)
 
 
 def build_spec(vocab: Vocabulary | None, stop: Sequence[str], eos_ids: frozenset[int]) -> StopSpec:
@@ -118,25 +119,38 @@ def build_spec(vocab: Vocabulary | None, stop: Sequence[str], eos_ids: frozenset
         raise ValueError("stop strings must not be empty")
     stops = tuple(dict.fromkeys(stop))
     if not stops:
-        return StopSpec(eos_ids, eos_ids, (), (), 0, False)
+        return StopSpec(eos_ids, eos_ids, (), (), 0, False, eos_ids)
     ids = set(eos_ids)
     for s in stops:
         if len(s) == 1:
             ids |= vocab.ids_containing(s)
     long_stops = tuple(s for s in stops if len(s) > 1)
     needs_text = bool(long_stops) or not all(s.isascii() for s in stops) or not vocab.sets_exact
-    return StopSpec(eos_ids, frozenset(ids), stops, long_stops, max(map(len, stops)) - 1, needs_text)
+    return StopSpec(eos_ids, frozenset(ids), stops, long_stops, max(map(len, stops)) - 1, needs_text,
+                    wake_ids(vocab, frozenset(ids), stops) if needs_text else frozenset(ids))
+
+
+def wake_ids(vocab: Vocabulary, ids: frozenset[int], stops: Sequence[str]) -> frozenset[int]:
+    """The ids after which a request's stop rules can end it, where the text is followed: the id set (EOS,
+    single-character stops), every partial piece (it opens a run, decoded with its neighbours), and every piece
+    holding the last character of a stop string (an occurrence that was not in the text before ends inside the
+    new token's text). After any other token, while no run is open, `finish` answers None until the limit: a loop
+    may run on without asking it, provided it later gives `finish` every token, in order (TorchEngine.collect)."""
+    wake = set(ids) | vocab.partial
+    for s in stops:
+        wake |= vocab.ids_containing(s[-1])
+    return frozenset(wake)
 
 
 class RequestStop:
     """One request's stop rules while it runs: the id set, the text's tail when it must be followed,
     max_new_tokens. `finish` runs once per generated token, so it is written for few lookups."""
 
-    __slots__ = ("ids", "eos", "limit", "n", "follow", "vocab", "pieces", "partial", "stops", "long_stops",
+    __slots__ = ("ids", "eos", "wake", "limit", "n", "follow", "vocab", "pieces", "partial", "stops", "long_stops",
                  "keep", "tail", "run", "started")
 
     def __init__(self, spec: StopSpec, vocab: Vocabulary | None, max_new_tokens: int):
-        self.ids, self.eos, self.limit = spec.ids, spec.eos, max_new_tokens
+        self.ids, self.eos, self.wake, self.limit = spec.ids, spec.eos, spec.wake, max_new_tokens
         self.n = 0                       # tokens so far
         self.follow = spec.needs_text    # else the id set alone decides
         self.vocab = vocab
@@ -146,6 +160,16 @@ class RequestStop:
         self.tail = ""            # the last `keep` characters of the text settled so far
         self.run: list[int] = []  # tokens being decoded together (an open run)
         self.started = False      # whether any text has been settled (until then, tokens start the text)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the request may still generate."""
+        return self.limit - self.n
+
+    @property
+    def run_open(self) -> bool:
+        """Whether tokens are being gathered to be decoded together (then every token needs `finish` at once)."""
+        return bool(self.run) or (self.follow and not self.started)
 
     def finish(self, token_id: int) -> str | None:
         """Count one token; its finish reason if it is the request's last, else None."""

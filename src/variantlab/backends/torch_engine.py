@@ -12,7 +12,10 @@ the batch until every row has finished (and yield nothing more).
 `run_requests` takes a single request through `collect` instead: the same prefill, steps, clock reads
 and stop rules, the tokens and times kept in two lists, nothing yielded between tokens (the measured
 path; a generator, an event and the consumer's loop there slowed each step of the tiny reference model
-by 2-3%, more than their own Python: benchmarks/harness_overhead.py).
+by 2-3%, more than their own Python: benchmarks/harness_overhead.py). Where variantlab's decode step runs
+the whole model, collect's tokens after the first come from C++ calls (`DecodeStep.run`) that return to Python
+only at a token after which the stop rules might end the request: 0.67-0.69x the per-token time of the Python
+loop on the tiny reference model.
 
 The steps run in inference mode, entered per step and never held across a yield, so the caller's
 code between tokens keeps its own autograd mode; a caller that already runs in inference mode (the
@@ -64,6 +67,8 @@ class TorchEngine:
         self.pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
         self.caches = KVCaches(model, static=static_cache)   # static_cache=False: the growing reference
         self._decode = self._forward
+        self.native_loop = True   # collect's one C++ call a request where it can (False: its Python loop always)
+        self._masks: dict[int, tuple[frozenset[int], torch.Tensor]] = {}
         # variantlab's decode step (variants/decode_step.py) where it runs this model; else transformers' forward
         self.step, self.step_note = None, None
         if decode_step and self.caches.static:
@@ -128,15 +133,32 @@ class TorchEngine:
     def collect(self, request: GenerationRequest) -> Collected:
         """One request run to its end with nothing yielded between tokens: `run_requests`'s path for a single
         request. The same steps, clock reads and stop rules as `stream`; a token's time is still read when
-        its id is on the host. Between two steps only the clock, the stop rules and two list appends run:
-        each layer of Python there (a generator, an event, the consumer's loop) slowed the next step of the
-        tiny reference model by more than its own cost (benchmarks/harness_overhead.py)."""
+        its id is on the host. Where variantlab's decode step runs the whole model (a plan) and the clock is
+        time.perf_counter, the tokens after the first come from C++ calls (`DecodeStep.run`: the step, the
+        read-back, the clock and a check against the stop rules' wake set per token, no Python between
+        tokens), each call running until a token after which the rules might end the request (one with an id
+        set alone: until the end); the rules then take its tokens in order, off the clock. `native_loop` False:
+        never. Else, between two steps only the clock, the stop rules and two list appends run in Python. Each
+        layer of Python there slowed the next step of the tiny reference model by more than its own cost
+        (benchmarks/harness_overhead.py)."""
         rows, n_in, cache, nxt, host, _, _ = self._prefill([request])
-        finish, clock, decode = rows[0].finish, self.clock, self._decode
+        rule, clock, decode = rows[0], self.clock, self._decode
+        finish = rule.finish
         tok = host[0][0]
         tokens, times = [tok], [clock()]
         why = finish(tok)
         with contextlib.nullcontext() if torch.is_inference_mode_enabled() else torch.inference_mode():
+            native = why is None and self.native_loop and decode is self.step and clock is time.perf_counter
+            wake = self._mask(rule.wake) if native else None
+            while native and why is None:
+                steps = 1 if rule.run_open else rule.remaining
+                got = self.step.run(nxt, cache, steps, wake)
+                if got is None:            # a cache the step does not take: the Python loop
+                    break
+                tokens += got[0]
+                times += got[1]
+                why = self._replay(rule, got[0], steps)
+                nxt = torch.tensor([got[0][-1:]])
             while why is None:
                 nxt = decode(nxt, cache, None, None)
                 tok = nxt.item()                          # synchronises the device
@@ -144,6 +166,34 @@ class TorchEngine:
                 tokens.append(tok)
                 why = finish(tok)
         return Collected(tokens, times, why, n_in[0])
+
+    def _mask(self, ids: frozenset[int]) -> torch.Tensor | None:
+        """`ids` as a bool [V] tensor (None when empty), made once per id set: what ends a native call."""
+        if not ids:
+            return None
+        got = self._masks.get(id(ids))
+        if got is None or got[0] is not ids:
+            size = max(max(ids) + 1, self.model.get_output_embeddings().out_features)
+            mask = torch.zeros(size, dtype=torch.bool)
+            mask[list(ids)] = True
+            got = self._masks[id(ids)] = (ids, mask)
+        return got[1]
+
+    @staticmethod
+    def _replay(rule: RequestStop, new: list[int], steps: int) -> str | None:
+        """The stop rules given the tokens a native call chose, in order: its finish reason, or None when it ended
+        at a token after which the rules go on. Only its last token may end the request, and it may end short of
+        `steps` only at a token of the rules' wake set: otherwise the call and the rules disagree (an error)."""
+        why, i = None, 0
+        for i, tok in enumerate(new):
+            why = rule.finish(tok)
+            if why is not None:
+                break
+        last = len(new) - 1
+        if i != last or (why is None and len(new) < steps and new[-1] not in rule.wake):
+            raise RuntimeError(f"the native decode loop ended at token {len(new)} of {steps} where the request's stop "
+                               f"rules end it at {i + 1 if why else 'none'}: the loop and the rules disagree")
+        return why
 
     def _prefill(self, requests: Sequence[GenerationRequest]):
         """The prompts' forward: (stop rules, prompt lengths, cache, next tokens (B, 1), their host copy, mask and

@@ -58,7 +58,7 @@ OP_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"variantlab_kernels::(silu_mul|residual_add)", ELEMENTWISE),
     (r"variantlab_kernels::embedding", MEMORY),
     (r"variantlab_kernels::argmax", SAMPLING),
-    (r"variantlab_kernels::(decode_layers|decode_next)", OVERHEAD),   # their own time: the glue between the parts
+    (r"variantlab_kernels::(decode_layers|decode_next|decode_run)", OVERHEAD),   # their own time: the glue
     (r"aten::(_?scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*|_?softmax|_safe_softmax)",
      ATTENTION),
     (r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|einsum|mv|addmv|dot|_int_mm|_addmm_activation|_scaled_mm|"

@@ -193,6 +193,20 @@ class DecodeStep:
         return logits.argmax(-1, keepdim=True)
 
 
+    def run(self, nxt: torch.Tensor, cache, steps: int, stop: torch.Tensor | None) -> tuple[list[int], list[float]] | None:
+        """Up to `steps` greedy steps of one sequence in one C++ call (kernels/decode_step.cpp `decode_run`): the new
+        tokens and the time.perf_counter() time each was chosen, ending with the first token whose `stop[id]` is
+        true (bool [V]; None: none ends it). None where only `__call__` runs: no plan, a batch, a cache the step
+        does not take."""
+        if self.plan is None or nxt.shape[0] != 1 or (self._lists[0] is not cache and not self.runs(1, cache)):
+            return None
+        if self._bound is not cache:
+            self._bind(cache)
+        tokens, times = torch.empty(steps, dtype=torch.long), torch.empty(steps, dtype=torch.float64)
+        n = torch.ops.variantlab_kernels.decode_run(self.plan, nxt.view(1), stop, tokens, times)
+        return tokens[:n].tolist(), times[:n].tolist()
+
+
 def runs_config(config: dict) -> bool:
     """Whether the step would run a checkpoint of this config.json here (family, SiLU, no sliding window, our
     kernels): what planning reads before choosing to compile (measure/auto_recipe.py)."""

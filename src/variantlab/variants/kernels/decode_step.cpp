@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <optional>
 #include <utility>
@@ -563,6 +564,56 @@ at::Tensor decode_next(const c10::intrusive_ptr<DecodePlan>& plan, const at::Ten
   return tokens;
 }
 
+// time.perf_counter()'s value now: CLOCK_MONOTONIC in seconds, converted as CPython converts it (whole seconds
+// exactly, else nanoseconds / 1e9), so that a time read here and one read in Python are on one clock.
+double perf_counter() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t ns = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  return ns % 1000000000 == 0 ? static_cast<double>(ns / 1000000000) : static_cast<double>(ns) / 1e9;
+}
+
+// One sequence's greedy decode, token after token in this call: what the engine's per-token Python loop does
+// (decode_next, read the token back, read the clock, check the stop rule) without returning to Python between
+// tokens, where each step's call, slicing and read-back cost ~3 us a token on the tiny model and the harness's
+// own lines slowed the next step by more than their cost (benchmarks/harness_overhead.py). first [1]: the last
+// token; tokens [n] and times [n] (int64, float64) receive each new token and the perf_counter() time it was
+// chosen; stop [V] (bool, or None): the ids that end the sequence (the token that ends it is kept). The column is
+// the bound cache's count of positions, as decode_next's caller reads it. Returns how many tokens it wrote.
+int64_t decode_run(const c10::intrusive_ptr<DecodePlan>& plan, const at::Tensor& first,
+                   const c10::optional<at::Tensor>& stop, at::Tensor tokens, at::Tensor times) {
+  RECORD_FUNCTION("variantlab_kernels::decode_run", std::vector<c10::IValue>());
+  const DecodePlan& p = *plan;
+  TORCH_CHECK(!p.keys.empty() && p.cos.defined(), "decode_run: the plan is bound to no cache");
+  TORCH_CHECK(first.dim() == 1 && first.size(0) == 1 && first.scalar_type() == at::kLong,
+              "decode_run: first must be int64 [1]");
+  TORCH_CHECK(tokens.dim() == 1 && tokens.is_contiguous() && tokens.scalar_type() == at::kLong && times.dim() == 1 &&
+                  times.is_contiguous() && times.scalar_type() == at::kDouble && times.size(0) == tokens.size(0),
+              "decode_run: tokens and times must be contiguous int64 and float64 [n] each");
+  const bool* ends = nullptr;
+  int64_t vocab = 0;
+  if (stop.has_value()) {
+    TORCH_CHECK(stop->dim() == 1 && stop->is_contiguous() && stop->scalar_type() == at::kBool,
+                "decode_run: stop must be a contiguous bool [V]");
+    ends = stop->data_ptr<bool>(), vocab = stop->size(0);
+  }
+  const int64_t n = tokens.size(0);
+  int64_t* out = tokens.data_ptr<int64_t>();
+  double* when = times.data_ptr<double>();
+  const int64_t* counter = p.counters[0].data_ptr<int64_t>();
+  at::Tensor ids = first;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t col = *counter;
+    const at::Tensor next = decode_next(plan, ids, c10::nullopt, c10::nullopt, col, col + 1);   // [1, 1]
+    const int64_t tok = next.data_ptr<int64_t>()[0];
+    when[i] = perf_counter();
+    out[i] = tok;
+    if (ends != nullptr && tok >= 0 && tok < vocab && ends[tok]) return i + 1;
+    ids = next.view({1});
+  }
+  return n;
+}
+
 }  // namespace
 
 #ifndef VK_NS
@@ -582,9 +633,12 @@ TORCH_LIBRARY_FRAGMENT(VK_NS, m) {
       .def("logits", &DecodePlan::logits);
   m.def("decode_next(__torch__.torch.classes." VK_STR(VK_NS) ".DecodePlan plan, Tensor ids, Tensor? positions, "
         "Tensor? keep, int col, int length) -> Tensor");
+  m.def("decode_run(__torch__.torch.classes." VK_STR(VK_NS) ".DecodePlan plan, Tensor first, Tensor? stop, "
+        "Tensor(a!) tokens, Tensor(b!) times) -> int");
 }
 
 TORCH_LIBRARY_IMPL(VK_NS, CPU, m) {
   m.impl("decode_layers", &decode_layers);
   m.impl("decode_next", &decode_next);
+  m.impl("decode_run", &decode_run);
 }
