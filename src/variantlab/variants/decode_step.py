@@ -192,12 +192,11 @@ class DecodeStep:
         logits = model.lm_head(inner.norm(h))                                           # (B, V)
         return logits.argmax(-1, keepdim=True)
 
-
     def run(self, nxt: torch.Tensor, cache, steps: int, stop: torch.Tensor | None) -> tuple[list[int], list[float]] | None:
         """Up to `steps` greedy steps of one sequence in one C++ call (kernels/decode_step.cpp `decode_run`): the new
         tokens and the time.perf_counter() time each was chosen, ending with the first token whose `stop[id]` is
-        true (bool [V]; None: none ends it). None where only `__call__` runs: no plan, a batch, a cache the step
-        does not take."""
+        true (bool [V]; None: none ends the call). None where only `__call__` runs: no plan, a batch, a cache the
+        step does not take."""
         if self.plan is None or nxt.shape[0] != 1 or (self._lists[0] is not cache and not self.runs(1, cache)):
             return None
         if self._bound is not cache:

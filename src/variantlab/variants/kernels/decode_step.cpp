@@ -574,12 +574,12 @@ double perf_counter() {
 }
 
 // One sequence's greedy decode, token after token in this call: what the engine's per-token Python loop does
-// (decode_next, read the token back, read the clock, check the stop rule) without returning to Python between
-// tokens, where each step's call, slicing and read-back cost ~3 us a token on the tiny model and the harness's
-// own lines slowed the next step by more than their cost (benchmarks/harness_overhead.py). first [1]: the last
-// token; tokens [n] and times [n] (int64, float64) receive each new token and the perf_counter() time it was
-// chosen; stop [V] (bool, or None): the ids that end the sequence (the token that ends it is kept). The column is
-// the bound cache's count of positions, as decode_next's caller reads it. Returns how many tokens it wrote.
+// (decode_next, read the token back, read the clock, ask the stop rules) without going back to Python between
+// tokens. From Python, a call whose arguments hold the plan costs 12-19 us to dispatch, and the tiny model's
+// Python loop took ~35 us a token more than this one (benchmarks/harness_overhead.py). first [1]: the last token;
+// tokens [n] and times [n] (int64, float64) receive each new token and the perf_counter() time it was chosen;
+// stop [V] (bool, or None): the ids after which to return (the stop rules' wake set; that token is kept). The
+// column is the bound cache's count of positions, as decode_next's caller reads it. Returns the tokens written.
 int64_t decode_run(const c10::intrusive_ptr<DecodePlan>& plan, const at::Tensor& first,
                    const c10::optional<at::Tensor>& stop, at::Tensor tokens, at::Tensor times) {
   RECORD_FUNCTION("variantlab_kernels::decode_run", std::vector<c10::IValue>());
