@@ -3,10 +3,11 @@ in adjacent runs, their decode TPOT compared per variant (issue 25: within 5%).
 
 The unit is one pair of the peer benchmark (decode_vs_llamacpp.PAIRS): a GGUF type and the recipe it pairs with
 (F32: fp32; Q4_0: int4 and w4a8 g32 symmetric). Each repetition, for each pair, runs `variantlab bench` (one
-round of a suite of the pair's two variants: single-stream, 6 requests of 64 new tokens, no stop string that can
-occur) and decode_vs_llamacpp.py (--script-pairs pairs of the same two) back to back, on the same checkpoint and
-GGUF files, alternating which goes first. Every variant is built once, before the first repetition (`variantlab
-build`), and each bench reuses those artifacts (`--artifacts`) and writes its run folder to a temporary one, so a
+round of a suite of the pair's two variants: single-stream, 6 requests of 64 new tokens, no stop string, so that,
+as in the script, an id set (EOS) alone decides and the engine decodes each request in one C++ call) and
+decode_vs_llamacpp.py (--script-pairs pairs of the same two) back to back, on the same checkpoint and GGUF files,
+alternating which goes first. Every variant is built once, before the first repetition (`variantlab build`), and
+each bench reuses those artifacts (`--artifacts`) and writes its run folder to a temporary one, so a
 repetition measures and builds nothing: the two instruments run seconds apart, and the disk does not fill with
 a copy of every variant per repetition. The machine's memory bandwidth here moves between levels over tens of
 seconds (the 115M fp32 model decodes at about 10.5 or 14 ms a token, for both runtimes alike), so a figure from
@@ -52,7 +53,7 @@ def suite(model: Path, pair: Pair) -> dict:
     return {"name": f"instruments-{pair.gguf.lower()}-{pair.recipe}", "model": str(model), "baseline": pair.recipe,
             "rounds": 1, "variants": [ours, peer],
             "workload": {"dataset": {"generator": "structured", "n": 8, "seed": 0}, "max_new_tokens": 64,
-                         "stop": ["@@@@"], "scenarios": [{"type": "single-stream", "requests": 6, "warmup": 2}],
+                         "stop": [], "scenarios": [{"type": "single-stream", "requests": 6, "warmup": 2}],
                          "accuracy": {"samples": 0, "graded": 0}}}
 
 
