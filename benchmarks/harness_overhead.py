@@ -7,9 +7,11 @@ text tail every token). It runs inside torch.inference_mode(), as the worker run
 engine then skips its per-step toggle); --caller-mode normal measures a caller outside it.
 
 collect has two loops, and each is measured against its own bare loop:
-- native (where variantlab's decode step runs the model whole, the default): every token after the first
-  in one C++ call (`DecodeStep.run`: the step, the read-back, the clock and the stop-id check per token).
-  Its bare loop is that call with no stop rule: the ratio is what the rest of the harness adds.
+- native (where variantlab's decode step runs the model whole, the default): the tokens after the first in
+  C++ calls (`DecodeStep.run`: the step, the read-back, the clock and a look-up in the stop rules' wake set
+  per token; one call a request when an id set alone decides, as with "\\n"; with --stop a call returns at
+  each token that might complete a stop string). Its bare loop is one such call with no stop rule: the ratio
+  is what the rest of the harness adds.
 - Python (`engine.native_loop = False`, and what a compiled step or transformers' forward always gets):
   per token the decode step, `.item()`, the clock, the stop rules and two appends. Its bare loop is the
   engine's own decode step and `.item()` per token, with no events, stop checks, records or clock.
