@@ -110,7 +110,7 @@ class StopSpec:
     long_stops: tuple[str, ...]   # stop strings of 2+ characters (searched in the tail every token)
     keep: int                     # characters of text the tail keeps: len(longest stop) - 1
     needs_text: bool              # whether the text must be followed (else the id set is exact)
-    wake: frozenset[int] = frozenset()   # the ids after which `finish` may end the request (wake_ids)
+    wake: frozenset[int]          # the ids after which `finish` may end the request (wake_ids)
 
 
 def build_spec(vocab: Vocabulary | None, stop: Sequence[str], eos_ids: frozenset[int]) -> StopSpec:
@@ -120,14 +120,11 @@ def build_spec(vocab: Vocabulary | None, stop: Sequence[str], eos_ids: frozenset
     stops = tuple(dict.fromkeys(stop))
     if not stops:
         return StopSpec(eos_ids, eos_ids, (), (), 0, False, eos_ids)
-    ids = set(eos_ids)
-    for s in stops:
-        if len(s) == 1:
-            ids |= vocab.ids_containing(s)
+    ids = frozenset(eos_ids.union(*(vocab.ids_containing(s) for s in stops if len(s) == 1)))
     long_stops = tuple(s for s in stops if len(s) > 1)
     needs_text = bool(long_stops) or not all(s.isascii() for s in stops) or not vocab.sets_exact
-    return StopSpec(eos_ids, frozenset(ids), stops, long_stops, max(map(len, stops)) - 1, needs_text,
-                    wake_ids(vocab, frozenset(ids), stops) if needs_text else frozenset(ids))
+    return StopSpec(eos_ids, ids, stops, long_stops, max(map(len, stops)) - 1, needs_text,
+                    wake_ids(vocab, ids, stops) if needs_text else ids)
 
 
 def wake_ids(vocab: Vocabulary, ids: frozenset[int], stops: Sequence[str]) -> frozenset[int]:
@@ -136,10 +133,7 @@ def wake_ids(vocab: Vocabulary, ids: frozenset[int], stops: Sequence[str]) -> fr
     holding the last character of a stop string (an occurrence that was not in the text before ends inside the
     new token's text). After any other token, while no run is open, `finish` answers None until the limit: a loop
     may run on without asking it, provided it later gives `finish` every token, in order (TorchEngine.collect)."""
-    wake = set(ids) | vocab.partial
-    for s in stops:
-        wake |= vocab.ids_containing(s[-1])
-    return frozenset(wake)
+    return ids.union(vocab.partial, *(vocab.ids_containing(s[-1]) for s in stops))
 
 
 class RequestStop:

@@ -67,7 +67,7 @@ class TorchEngine:
         self.pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
         self.caches = KVCaches(model, static=static_cache)   # static_cache=False: the growing reference
         self._decode = self._forward
-        self.native_loop = True   # collect's one C++ call a request where it can (False: its Python loop always)
+        self.native_loop = True   # collect's C++ calls where they run (False: its Python loop always)
         self._masks: dict[int, tuple[frozenset[int], torch.Tensor]] = {}
         # variantlab's decode step (variants/decode_step.py) where it runs this model; else transformers' forward
         self.step, self.step_note = None, None

@@ -161,6 +161,10 @@ class DecodeStep:
         from transformers.cache_utils import StaticLayer
         return batch <= MAX_ROWS and all(type(la) is StaticLayer and la.is_initialized for la in cache.layers)
 
+    def _takes(self, batch: int, cache) -> bool:
+        """`runs`, skipped for the cache whose lists are kept (it ran before)."""
+        return self._lists[0] is cache or self.runs(batch, cache)
+
     def _cache_lists(self, cache) -> tuple[list, list, list]:
         if self._lists[0] is not cache:
             layers = cache.layers
@@ -170,7 +174,7 @@ class DecodeStep:
 
     def __call__(self, nxt: torch.Tensor, cache, mask, pos) -> torch.Tensor:
         batch = nxt.shape[0]
-        if self._lists[0] is not cache and not self.runs(batch, cache):
+        if not self._takes(batch, cache):
             return self.fallback(nxt, cache, mask, pos)
         col = int(cache.layers[0].cumulative_length)
         length = col + 1
@@ -197,7 +201,7 @@ class DecodeStep:
         tokens and the time.perf_counter() time each was chosen, ending with the first token whose `stop[id]` is
         true (bool [V]; None: none ends the call). None where only `__call__` runs: no plan, a batch, a cache the
         step does not take."""
-        if self.plan is None or nxt.shape[0] != 1 or (self._lists[0] is not cache and not self.runs(1, cache)):
+        if self.plan is None or nxt.shape[0] != 1 or not self._takes(1, cache):
             return None
         if self._bound is not cache:
             self._bind(cache)
