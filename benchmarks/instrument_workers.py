@@ -1,0 +1,208 @@
+"""The two instruments' workers, alive at once and asked in turn: do `variantlab bench` and
+benchmarks/decode_vs_llamacpp.py measure the same TPOT for the same variant? (issue 25: within 5%)
+
+instruments_agree.py runs the two instruments one after the other, and on this host the memory's speed moves
+between levels every 10-40 s (the 115M fp32 model decodes at about 10.5 or 15 ms a token, within one process),
+faster than either instrument's run: its repetitions swing ±25% both ways, the script against itself as much.
+Here the drift cancels instead. For each variant two workers are brought up and kept alive:
+
+  bench   the bench's own measuring worker as far as its scenario: a `variantlab bench` run (one round, the
+          instruments_agree.py suite: the script's prompt, 64 new tokens, no stop string) is made in this process
+          with every worker job it sends kept; a worker then decodes that job (measure/wire.py), opens the variant
+          with its backend kind as measure/worker.py does (threads, seed, the variantlab kernels, the artifact
+          loaded from disk, the cold-start request), runs the job's trackers that come before its first
+          scenario (the machine yardstick), and sends the scenario's own request (`requests_for`: the prompt as
+          text, the workload's stop rules) through `run_requests`;
+  script  decode_vs_llamacpp.py's worker for that side (_run_variantlab builds the variant from the checkpoint;
+          _run_llama loads the script's GGUF), sending the prompt ids.
+
+After one full warm-up request each, they are asked for one request at a time, alternating which goes first
+(A B B A ...), --pairs times; both TPOTs come from measure.metrics.tpot over the request's record. Printed per
+variant: each side's median TPOT, the median of the per-pair ratios bench / script with their min and max and a
+bootstrap 95% interval, whether it is within 5%, and the same for the script's worker against a second copy of
+itself (--aa), the floor.
+
+    python benchmarks/instrument_workers.py --workdir DIR [--shape 115m] [--pairs 20]
+        [--recipes fp32,int4,w4a8] [--precisions F32,Q4_0] [--aa]
+
+--workdir: as for instruments_agree.py (the checkpoint and GGUFs of decode_vs_llamacpp.py --workdir). Never part
+of the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from decode_vs_llamacpp import Worker, _run_llama, _run_variantlab, prompt_ids  # noqa: E402
+from instruments_agree import _run, add_common, bootstrap_median_ci, build, prepare, suite  # noqa: E402
+
+NEW_TOKENS = 64
+
+
+def bench_jobs(suite_path: Path, artifacts: Path, store: Path) -> dict[str, bytes]:
+    """Run `variantlab bench` on the suite in this process, keeping each worker job the executor sends: variant
+    name -> the job's bytes (measure/wire.py)."""
+    from variantlab.cli import app
+    from variantlab.measure import executor
+
+    kept: dict[str, bytes] = {}
+    encode = executor.encode_job
+
+    def keep(job):
+        data = encode(job)
+        kept.setdefault(job.variant.name, data)
+        return data
+
+    executor.encode_job = keep
+    try:
+        with tempfile.TemporaryDirectory(prefix="instrument-workers-run-") as output, \
+                contextlib.redirect_stdout(io.StringIO()):      # its --json table: the jobs are what is wanted
+            app(["bench", str(suite_path), "--store", str(store), "--artifacts", str(artifacts), "--output", output,
+                 "--json"], standalone_mode=False)
+    finally:
+        executor.encode_job = encode
+    return kept
+
+
+def script_gguf(workdir: Path, model: Path, gguf_type: str) -> Path:
+    """The GGUF decode_vs_llamacpp.py --model MODEL --workdir WORKDIR measures (made by one short run of it where
+    missing), in the page cache as the script leaves it (read back from disk)."""
+    from variantlab.variants.page_cache import as_read_from_disk
+
+    path = workdir / f"model-{gguf_type}.gguf"
+    if not path.is_file():
+        _run([sys.executable, str(HERE / "decode_vs_llamacpp.py"), "--model", str(model), "--workdir", str(workdir),
+              "--pairs", "1", "--precisions", gguf_type, "--recipes", "fp32"], "decode_vs_llamacpp.py")
+    as_read_from_disk(path)
+    return path
+
+
+def _bench_worker(conn, job_bytes: bytes) -> None:
+    """Worker: the bench's measuring worker (measure/worker.py run_measure) up to its first scenario, then the
+    scenario's request, on demand."""
+    from variantlab.backends.base import run_requests
+    from variantlab.measure.backend_kinds import backend_kind
+    from variantlab.measure.process import process_start_time
+    from variantlab.measure.scenarios.common import Scenario, requests_for
+    from variantlab.measure.trackers import tracker_from_config
+    from variantlab.measure.wire import decode_job
+    from variantlab.measure.worker import Host
+
+    job = decode_job(job_bytes)
+    with contextlib.redirect_stdout(io.StringIO()):       # its progress lines, for the bench's parent
+        opened = backend_kind(job.variant.backend).open(job, process_start_time())
+    host = Host(opened.backend, opened.built, job.samples, opened.device, opened.cold, opened.baseline_bytes)
+    with opened.context():
+        scenario = None
+        for tj in job.trackers:
+            tracker = tracker_from_config(tj.kind, tj.config)
+            if isinstance(tracker, Scenario):
+                scenario = tracker
+                break
+            host.outputs[tracker.name] = tracker.run(host)
+        if scenario is None:
+            raise SystemExit(f"{job.variant.name}: its job has no scenario")
+        conn.send({"trackers before the scenario": list(host.outputs)})
+        while (msg := conn.recv()) is not None:
+            conn.send(run_requests(opened.backend, requests_for(job.samples, 1, scenario.workload))[0])
+    opened.close()
+
+
+class Side:
+    """One worker and its request: `run()` answers a RequestRecord of NEW_TOKENS tokens."""
+
+    def __init__(self, worker: Worker, request) -> None:
+        self.worker, self.request = worker, request
+
+    def run(self):
+        self.worker.conn.send(self.request)
+        rec = self.worker._recv()
+        if rec.tokens_out != NEW_TOKENS:
+            raise SystemExit(f"{self.worker.name} produced {rec.tokens_out} tokens, expected {NEW_TOKENS}")
+        return rec
+
+
+def compare(sides: dict[str, Side], pairs: int) -> dict[str, list[float]]:
+    """One warm-up each, then `pairs` rounds of one request from every side, the order rotating; TPOT per side."""
+    from variantlab.measure.metrics import tpot
+
+    for s in sides.values():
+        s.run()
+    names = list(sides)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(pairs):
+        k = i % len(names)
+        for n in names[k:] + names[:k]:
+            out[n].extend(tpot([sides[n].run()]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common(ap)
+    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--aa", action="store_true", help="also a second script worker: script again / script")
+    args = ap.parse_args()
+    if args.pairs < 2:
+        raise SystemExit("--pairs: at least 2")
+    model, pairs, prompt = prepare(args)
+    ids = prompt_ids(model, 64, 0)
+    rows: list[tuple[str, list[float], list[float], list[float] | None]] = []
+    done: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="instrument-workers-") as art:
+        for pair in pairs:
+            path = args.workdir / f"instruments-{pair.gguf.lower()}-{pair.recipe}.yaml"
+            path.write_text(yaml.safe_dump(suite(model, pair, prompt, 3)))
+            artifacts = Path(art) / path.stem
+            print(f"  building and benching {pair.label} once, keeping its worker jobs", file=sys.stderr, flush=True)
+            build(path, artifacts)
+            jobs = bench_jobs(path, artifacts, Path(art) / "store.sqlite")
+            peer = f"gguf-{pair.gguf.lower()}"
+            gguf = script_gguf(args.workdir, model, pair.gguf)
+            for name in (pair.recipe, peer):
+                if name in done:
+                    continue
+                done.add(name)
+                script = ((_run_llama, str(gguf), str(model), args.threads) if name == peer else
+                          (_run_variantlab, str(model), pair.recipe, dict(pair.options), args.threads, "default"))
+                workers = {"bench": Worker(f"bench {name}", _bench_worker, jobs[name]),
+                           "script": Worker(f"script {name}", *script)}
+                if args.aa:
+                    workers["script again"] = Worker(f"script again {name}", *script)
+                try:
+                    sides = {k: Side(w, True if k == "bench" else (ids, NEW_TOKENS)) for k, w in workers.items()}
+                    print(f"  {name}: {', '.join(workers)} alive; {args.pairs} rounds", file=sys.stderr, flush=True)
+                    got = compare(sides, args.pairs)
+                finally:
+                    for w in workers.values():
+                        w.close()
+                rows.append((name, got["bench"], got["script"], got.get("script again")))
+    print(f"{args.shape}: each variant's bench worker and script worker alive at once, {args.pairs} rounds of one "
+          f"request each (order rotating), prompt 64 tokens, {NEW_TOKENS} new; TPOT medians, ms; ratio per round")
+    print(f"{'variant':12} {'bench':>8} {'script':>8} {'bench/script [min, max]':>24} {'95% interval':>15}  within 5%"
+          + ("   script again/script [95%]" if args.aa else ""))
+    for name, b, s, again in rows:
+        rs = [x / y for x, y in zip(b, s)]
+        lo, hi = bootstrap_median_ci(rs)
+        r = statistics.median(rs)
+        line = (f"{name:12} {1e3 * statistics.median(b):8.2f} {1e3 * statistics.median(s):8.2f} {r:>8.3f} "
+                f"[{min(rs):.3f}, {max(rs):.3f}]   [{lo:.3f}, {hi:.3f}]  {'yes' if abs(r - 1) <= 0.05 else 'NO'}")
+        if again:
+            aa = [x / y for x, y in zip(again, s)]
+            alo, ahi = bootstrap_median_ci(aa)
+            line += f"   {statistics.median(aa):.3f} [{alo:.3f}, {ahi:.3f}]"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
