@@ -73,15 +73,15 @@ def bench_jobs(suite_path: Path, artifacts: Path, store: Path) -> dict[str, byte
     return kept
 
 
-def script_gguf(workdir: Path, model: Path, gguf_type: str) -> Path:
-    """The GGUF decode_vs_llamacpp.py --model MODEL --workdir WORKDIR measures (made by one short run of it where
-    missing), in the page cache as the script leaves it (read back from disk)."""
+def script_gguf(workdir: Path, model: Path, pair) -> Path:
+    """The pair's GGUF as decode_vs_llamacpp.py --model MODEL --workdir WORKDIR measures it (made by one short run
+    of it where missing), in the page cache as the script leaves it (read back from disk)."""
     from variantlab.variants.page_cache import as_read_from_disk
 
-    path = workdir / f"model-{gguf_type}.gguf"
+    path = workdir / f"model-{pair.gguf}.gguf"
     if not path.is_file():
         _run([sys.executable, str(HERE / "decode_vs_llamacpp.py"), "--model", str(model), "--workdir", str(workdir),
-              "--pairs", "1", "--precisions", gguf_type, "--recipes", "fp32"], "decode_vs_llamacpp.py")
+              "--pairs", "1", "--precisions", pair.gguf, "--recipes", pair.recipe], "decode_vs_llamacpp.py")
     as_read_from_disk(path)
     return path
 
@@ -168,7 +168,7 @@ def main() -> None:
             build(path, artifacts)
             jobs = bench_jobs(path, artifacts, Path(art) / "store.sqlite")
             peer = f"gguf-{pair.gguf.lower()}"
-            gguf = script_gguf(args.workdir, model, pair.gguf)
+            gguf = script_gguf(args.workdir, model, pair)
             for name in (pair.recipe, peer):
                 if name in done:
                     continue
