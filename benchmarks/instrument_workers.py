@@ -16,13 +16,15 @@ Here the drift cancels instead. For each variant two workers are brought up and 
   script  decode_vs_llamacpp.py's worker for that side (_run_variantlab builds the variant from the checkpoint;
           _run_llama loads the script's GGUF), sending the prompt ids.
 
-After one full warm-up request each, they are asked for one request at a time, alternating which goes first
-(A B B A ...), --pairs times; both TPOTs come from measure.metrics.tpot over the request's record. Printed per
-variant: each side's median TPOT, the median of the per-pair ratios bench / script with their min and max and a
-bootstrap 95% interval, whether it is within 5%, and the same for the script's worker against a second copy of
-itself (--aa), the floor.
+After one full warm-up request each, they are asked for one request at a time, the order rotating, --pairs
+times; both TPOTs come from measure.metrics.tpot over the request's record. A process's own speed can sit 5-15%
+off the next one's for its whole life (memory placement; two copies of one llama.cpp BF16 worker read 6% apart
+over 20 rounds), so this is done with --processes fresh sets of workers per variant. Printed per variant: each
+side's median TPOT, the median of the per-round ratios bench / script over every set with their min and max and
+a bootstrap 95% interval, whether it is within 5%, each set's own median ratio, and with --aa the script's
+worker against a second copy of itself, the floor.
 
-    python benchmarks/instrument_workers.py --workdir DIR [--shape 115m] [--pairs 20]
+    python benchmarks/instrument_workers.py --workdir DIR [--shape 115m] [--pairs 20] [--processes 3]
         [--recipes fp32,int4,w4a8] [--precisions F32,Q4_0] [--aa]
 
 --workdir: as for instruments_agree.py (the checkpoint and GGUFs of decode_vs_llamacpp.py --workdir). Never part
@@ -150,14 +152,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common(ap)
     ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--processes", type=int, default=3,
+                    help="fresh sets of workers per variant: a process's own speed differs from the next one's by "
+                         "up to ±15% here, for its whole life, so one set could read a lucky or unlucky process")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--aa", action="store_true", help="also a second script worker: script again / script")
     args = ap.parse_args()
-    if args.pairs < 2:
-        raise SystemExit("--pairs: at least 2")
+    if args.pairs < 2 or args.processes < 1:
+        raise SystemExit("--pairs: at least 2; --processes: at least 1")
     model, pairs, prompt = prepare(args)
     ids = prompt_ids(model, 64, 0)
-    rows: list[tuple[str, list[float], list[float], list[float] | None]] = []
+    rows: list[tuple[str, list[float], list[float], list[float] | None, list[float]]] = []
     done: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="instrument-workers-") as art:
         for pair in pairs:
@@ -175,23 +180,31 @@ def main() -> None:
                 done.add(name)
                 script = ((_run_llama, str(gguf), str(model), args.threads) if name == peer else
                           (_run_variantlab, str(model), pair.recipe, dict(pair.options), args.threads, "default"))
-                workers = {"bench": Worker(f"bench {name}", _bench_worker, jobs[name]),
-                           "script": Worker(f"script {name}", *script)}
-                if args.aa:
-                    workers["script again"] = Worker(f"script again {name}", *script)
-                try:
-                    sides = {k: Side(w, True if k == "bench" else (ids, NEW_TOKENS)) for k, w in workers.items()}
-                    print(f"  {name}: {', '.join(workers)} alive; {args.pairs} rounds", file=sys.stderr, flush=True)
-                    got = compare(sides, args.pairs)
-                finally:
-                    for w in workers.values():
-                        w.close()
-                rows.append((name, got["bench"], got["script"], got.get("script again")))
+                got: dict[str, list[float]] = {}
+                per_process: list[float] = []
+                for k in range(args.processes):
+                    workers = {"bench": Worker(f"bench {name}", _bench_worker, jobs[name]),
+                               "script": Worker(f"script {name}", *script)}
+                    if args.aa:
+                        workers["script again"] = Worker(f"script again {name}", *script)
+                    try:
+                        sides = {k: Side(w, True if k == "bench" else (ids, NEW_TOKENS)) for k, w in workers.items()}
+                        print(f"  {name}: {', '.join(workers)} alive ({k + 1}/{args.processes}); {args.pairs} rounds",
+                              file=sys.stderr, flush=True)
+                        these = compare(sides, args.pairs)
+                    finally:
+                        for w in workers.values():
+                            w.close()
+                    per_process.append(statistics.median(x / y for x, y in zip(these["bench"], these["script"])))
+                    for side, xs in these.items():
+                        got.setdefault(side, []).extend(xs)
+                rows.append((name, got["bench"], got["script"], got.get("script again"), per_process))
     print(f"{args.shape}: each variant's bench worker and script worker alive at once, {args.pairs} rounds of one "
-          f"request each (order rotating), prompt 64 tokens, {NEW_TOKENS} new; TPOT medians, ms; ratio per round")
+          f"request each (order rotating), in {args.processes} fresh sets of workers; prompt 64 tokens, {NEW_TOKENS} "
+          f"new; TPOT medians, ms; ratio per round, pooled; then each set's median ratio")
     print(f"{'variant':12} {'bench':>8} {'script':>8} {'bench/script [min, max]':>24} {'95% interval':>15}  within 5%"
           + ("   script again/script [95%]" if args.aa else ""))
-    for name, b, s, again in rows:
+    for name, b, s, again, per_process in rows:
         rs = [x / y for x, y in zip(b, s)]
         lo, hi = bootstrap_median_ci(rs)
         r = statistics.median(rs)
@@ -201,7 +214,7 @@ def main() -> None:
             aa = [x / y for x, y in zip(again, s)]
             alo, ahi = bootstrap_median_ci(aa)
             line += f"   {statistics.median(aa):.3f} [{alo:.3f}, {ahi:.3f}]"
-        print(line)
+        print(line + f"   per set: {' '.join(f'{x:.3f}' for x in per_process)}")
 
 
 if __name__ == "__main__":
