@@ -182,14 +182,17 @@ def main() -> None:
                           (_run_variantlab, str(model), pair.recipe, dict(pair.options), args.threads, "default"))
                 got: dict[str, list[float]] = {}
                 per_process: list[float] = []
-                for k in range(args.processes):
+                if name not in jobs:
+                    raise SystemExit(f"variantlab bench sent no worker job for {name}: its run failed before "
+                                     f"measuring it (run the bench on {path} to see why)")
+                for n_set in range(args.processes):
                     workers = {"bench": Worker(f"bench {name}", _bench_worker, jobs[name]),
                                "script": Worker(f"script {name}", *script)}
                     if args.aa:
                         workers["script again"] = Worker(f"script again {name}", *script)
                     try:
                         sides = {k: Side(w, True if k == "bench" else (ids, NEW_TOKENS)) for k, w in workers.items()}
-                        print(f"  {name}: {', '.join(workers)} alive ({k + 1}/{args.processes}); {args.pairs} rounds",
+                        print(f"  {name}: {', '.join(workers)} alive ({n_set + 1}/{args.processes}); {args.pairs} rounds",
                               file=sys.stderr, flush=True)
                         these = compare(sides, args.pairs)
                     finally:
