@@ -114,37 +114,24 @@ def _bench_worker(conn, job_bytes: bytes) -> None:
         if scenario is None:
             raise SystemExit(f"{job.variant.name}: its job has no scenario")
         conn.send({"trackers before the scenario": list(host.outputs)})
-        while (msg := conn.recv()) is not None:
+        while conn.recv() is not None:     # the script's (ids, n): the scenario sends its own request instead
             conn.send(run_requests(opened.backend, requests_for(job.samples, 1, scenario.workload))[0])
     opened.close()
 
 
-class Side:
-    """One worker and its request: `run()` answers a RequestRecord of NEW_TOKENS tokens."""
-
-    def __init__(self, worker: Worker, request) -> None:
-        self.worker, self.request = worker, request
-
-    def run(self):
-        self.worker.conn.send(self.request)
-        rec = self.worker._recv()
-        if rec.tokens_out != NEW_TOKENS:
-            raise SystemExit(f"{self.worker.name} produced {rec.tokens_out} tokens, expected {NEW_TOKENS}")
-        return rec
-
-
-def compare(sides: dict[str, Side], pairs: int) -> dict[str, list[float]]:
-    """One warm-up each, then `pairs` rounds of one request from every side, the order rotating; TPOT per side."""
+def compare(workers: dict[str, Worker], ids: list[int], pairs: int) -> dict[str, list[float]]:
+    """One warm-up each, then `pairs` rounds of one request from every worker, the order rotating; TPOT per
+    worker (Worker.run checks each request made NEW_TOKENS tokens)."""
     from variantlab.measure.metrics import tpot
 
-    for s in sides.values():
-        s.run()
-    names = list(sides)
+    for w in workers.values():
+        w.run(ids, NEW_TOKENS)
+    names = list(workers)
     out: dict[str, list[float]] = {n: [] for n in names}
     for i in range(pairs):
         k = i % len(names)
         for n in names[k:] + names[:k]:
-            out[n].extend(tpot([sides[n].run()]))
+            out[n].extend(tpot([workers[n].run(ids, NEW_TOKENS)]))
     return out
 
 
@@ -191,10 +178,9 @@ def main() -> None:
                     if args.aa:
                         workers["script again"] = Worker(f"script again {name}", *script)
                     try:
-                        sides = {k: Side(w, True if k == "bench" else (ids, NEW_TOKENS)) for k, w in workers.items()}
                         print(f"  {name}: {', '.join(workers)} alive ({n_set + 1}/{args.processes}); {args.pairs} rounds",
                               file=sys.stderr, flush=True)
-                        these = compare(sides, args.pairs)
+                        these = compare(workers, ids, args.pairs)
                     finally:
                         for w in workers.values():
                             w.close()
