@@ -188,10 +188,10 @@ struct Widen {
 // x [M, K] as contiguous fp32 rows: x itself, or a bf16 x widened once into this thread's buffer (an aten
 // conversion per call would cost a dispatch and an allocation per linear; widening it in registers as it is
 // loaded, once per weight row, costs the loop more).
-inline const float* fp32_rows(const at::Tensor& x, std::vector<float>& buf) {
+inline const float* fp32_rows(const at::Tensor& x, Aligned<float>& buf) {
   if (x.scalar_type() == at::kFloat) return x.data_ptr<float>();
   const int64_t n = x.numel();
-  buf.resize(static_cast<size_t>(n));
+  buf.reserve(static_cast<size_t>(n));
   const at::BFloat16* p = x.data_ptr<at::BFloat16>();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf.data() + i, load8(p + i));
@@ -204,7 +204,7 @@ template <typename W, typename S>
 at::Tensor widen_mm(const at::Tensor& x_, const W* w, const S* s, int64_t N, const at::Tensor* out) {
   const int64_t M = x_.size(0), K = x_.size(1);
   const auto x = x_.is_contiguous() ? x_ : x_.contiguous();
-  thread_local std::vector<float> buf;
+  thread_local Aligned<float> buf;
   const float* xf = fp32_rows(x, buf);
   auto y = out_or_empty(out, M, N, x);
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
@@ -384,8 +384,8 @@ at::Tensor int8_rows_mm(const at::Tensor& x, const at::Tensor& q, const at::Tens
                         const at::Tensor* out) {
   check_int8(x, q, s, digits ? "int8_digits_mm" : "w8a8_mm");
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, D = digits ? 2 : 1;
-  std::vector<int8_t> xq(D * M * Kp, 0);
-  std::vector<float> a(M);
+  Aligned<int8_t> xq(D * M * Kp, true);
+  Aligned<float> a(M);
   quantize(x, digits, xq.data(), Kp, a.data());
   auto y = out_or_empty(out, M, q.size(0), x);
   for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
@@ -503,18 +503,18 @@ struct Int4Blocks {
 
 
 // yf [R, N16] = the packed int4 weights against R int8 rows xq [R, K] (their Σ per group summed here).
-std::vector<float> w4a8_rows_core(const std::vector<int8_t>& xq, int64_t R, const at::Tensor& packed,
-                                  const at::Tensor& sz, int64_t K, int64_t gs) {
+Aligned<float> w4a8_rows_core(const int8_t* xq, int64_t R, const at::Tensor& packed, const at::Tensor& sz,
+                              int64_t K, int64_t gs) {
   const int64_t G = K / gs, N16 = packed.size(0) * 16;
-  std::vector<float> xs(R * G);
+  Aligned<float> xs(R * G);
   for (int64_t m = 0; m < R; ++m)
     for (int64_t g = 0; g < G; ++g) {
       int32_t t = 0;
       for (int64_t k = g * gs; k < (g + 1) * gs; ++k) t += xq[m * K + k];
       xs[m * G + g] = static_cast<float>(t);
     }
-  std::vector<float> yf(R * N16);
-  const int32_t* xq4 = (const int32_t*)xq.data();
+  Aligned<float> yf(R * N16);
+  const int32_t* xq4 = (const int32_t*)xq;
   for (int64_t m0 = 0; m0 < R; m0 += kMaxM)
     dispatch_m<PackedInt4<W4A8Blocks, int32_t>::template At>(std::min(kMaxM, R - m0), packed, sz, xq4 + m0 * K / 4,
                                                              xs.data() + m0 * G, K, G, gs, yf.data() + m0 * N16, N16);
@@ -545,10 +545,10 @@ at::Tensor int4_rows_mm(const at::Tensor& x_, const at::Tensor& packed, const at
   const auto x = x_.stride(1) == 1 ? x_ : x_.contiguous();
   const int64_t M = x.size(0), K = x.size(1), D = digits ? 2 : 1;
   check_int4(packed, sz, K, gs, n, 8);
-  std::vector<int8_t> xq(D * M * K);
-  std::vector<float> a(M);
+  Aligned<int8_t> xq(D * M * K);
+  Aligned<float> a(M);
   quantize(x, digits, xq.data(), K, a.data());
-  const auto yf = w4a8_rows_core(xq, D * M, packed, sz, K, gs);
+  auto yf = w4a8_rows_core(xq.data(), D * M, packed, sz, K, gs);
   auto y = out_or_empty(out, M, n, x);
   const int64_t N16 = packed.size(0) * 16;
   if (x.scalar_type() == at::kBFloat16) scale_rows_into(yf.data(), N16, a.data(), M, n, digits, y.data_ptr<at::BFloat16>());

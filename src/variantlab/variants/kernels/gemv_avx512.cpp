@@ -814,8 +814,8 @@ at::Tensor int8x_mm(bool digits, const at::Tensor& x_, const at::Tensor& q, cons
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 63) / 64 * 64;
   auto y = out_or_empty(out, M, q.size(0), x);
   TORCH_CHECK(y.scalar_type() == x.scalar_type(), name, ": out must be in x's dtype");
-  std::vector<int8_t> xq((digits ? 2 : 1) * M * Kp, 0);
-  std::vector<float> a(M);
+  Aligned<int8_t> xq((digits ? 2 : 1) * M * Kp, true);
+  Aligned<float> a(M);
   by_dtypes(y, s, [&](auto t, auto sc) {
     using T = decltype(t);
     using S = decltype(sc);
@@ -895,8 +895,8 @@ at::Tensor w4a8x_mm(bool digits, const at::Tensor& x_, const at::Tensor& packed,
   const int64_t N16 = packed.size(0) * 16, G = K / gs, rows = digits ? 2 * M : M;
   auto y = out_or_empty(out, M, n, x);
   TORCH_CHECK(y.scalar_type() == x.scalar_type(), name, ": out must be in x's dtype");
-  std::vector<int8_t> xq(rows * K);
-  std::vector<float> a(M), xs(rows * G), yf(rows * N16);
+  Aligned<int8_t> xq(rows * K);
+  Aligned<float> a(M), xs(rows * G), yf(rows * N16);
   by_scales(sz, N16, G, [&](auto s, auto z) {
     using S = decltype(s);
     constexpr bool Z = decltype(z)::value;
