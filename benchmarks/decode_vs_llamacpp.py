@@ -231,9 +231,13 @@ class Worker:
         self.hello = self._recv()
 
     def _recv(self, wait_s: float = 600.0):
-        if not self.conn.poll(wait_s):   # a load, a build of our kernels or a run: never a silent hang
-            raise SystemExit(f"{self.name} worker: no answer in {wait_s:.0f} s (its model load, kernel build or "
-                             f"decode run); alive: {self.proc.is_alive()}")
+        deadline = time.monotonic() + wait_s   # a load, a build of our kernels or a run: never a silent hang
+        while not self.conn.poll(1.0):
+            if not self.proc.is_alive():       # died without a word (killed, or it failed before _serve ran)
+                raise SystemExit(f"{self.name} worker exited with status {self.proc.exitcode} before answering")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{self.name} worker: no answer in {wait_s:.0f} s (its model load, kernel build "
+                                 "or decode run)")
         msg = self.conn.recv()
         if isinstance(msg, dict) and "error" in msg:
             raise SystemExit(f"{self.name} worker failed: {msg['error']}")
