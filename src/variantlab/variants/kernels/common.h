@@ -63,7 +63,7 @@ inline const int32_t* sums_or_null(const at::Tensor& sums, int64_t n, const char
 // boundary: a cache line, AVX-512's widest load. std::vector's operator new aligns to 16 bytes only, so where
 // its rows began within a cache line was the heap's choice, made anew by each process's history of allocations;
 // a row that starts mid-line splits every 64-byte load of it in two. Measured on a 2-core AVX-512 EPYC, 115M
-// Llama, int8 (int8_digits_mm reads two such rows per weight row): one process decoded 7-15% slower than the
+// Llama, int8 (int8_digits_mm reads two such rows per weight row): one process decoded 5-18% slower than the
 // next for its whole life, the kernel itself 15% (perf, cpu-clock samples), as its heap had placed the rows.
 template <typename T>
 class Aligned {
