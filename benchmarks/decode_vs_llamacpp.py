@@ -251,8 +251,14 @@ class Worker:
         return rec
 
     def close(self) -> None:
-        self.conn.send(None)
-        self.proc.join(30)
+        if self.proc.is_alive():
+            self.conn.send(None)
+            self.proc.join(30)          # its backend's close: a context and a model freed
+        if self.proc.is_alive():
+            print(f"  {self.name} worker: still running 30 s after being told to stop; terminated",
+                  file=sys.stderr, flush=True)
+            self.proc.terminate()
+            self.proc.join(5)
 
 
 # ---------------------------------------------------------------------------- setup

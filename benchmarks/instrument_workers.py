@@ -17,9 +17,10 @@ Here the drift cancels instead. For each variant two workers are brought up and 
           _run_llama loads the script's GGUF), sending the prompt ids.
 
 After one full warm-up request each, they are asked for one request at a time, the order rotating, --pairs
-times; both TPOTs come from measure.metrics.tpot over the request's record. A process's own speed can sit 5-15%
-off the next one's for its whole life (memory placement; two copies of one llama.cpp BF16 worker read 6% apart
-over 20 rounds), so this is done with --processes fresh sets of workers per variant. Printed per variant: each
+times; both TPOTs come from measure.metrics.tpot over the request's record. A process's own speed can sit off
+the next one's for its whole life, by where its memory landed: two copies of one llama.cpp BF16 worker read 6%
+apart over 20 rounds, and our int8 read 5-18% apart until the kernels' scratch rows were aligned to a cache line
+(docs/engine.md). So this is done with --processes fresh sets of workers per variant. Printed per variant: each
 side's median TPOT, the median of the per-round ratios bench / script over every set with their min and max and
 a bootstrap 95% interval, whether it is within 5%, each set's own median ratio, and with --aa the script's
 worker against a second copy of itself, the floor.
@@ -140,8 +141,9 @@ def main() -> None:
     add_common(ap)
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--processes", type=int, default=3,
-                    help="fresh sets of workers per variant: a process's own speed differs from the next one's by "
-                         "up to ±15% here, for its whole life, so one set could read a lucky or unlucky process")
+                    help="fresh sets of workers per variant: a process's own speed can differ from the next one's "
+                         "for its whole life (llama.cpp's by up to 6%% here), so one set could read a lucky or "
+                         "unlucky process")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--aa", action="store_true", help="also a second script worker: script again / script")
     args = ap.parse_args()
