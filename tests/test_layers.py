@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "explain.categories", "explain.profiling", "explain.counters", "explain.roofline")),
     ("suite and plan", ("suite", "advise.objectives", "advise.presets", "measure.plan", "measure.auto_recipe",
                         "measure.stored_suite")),
-    ("orchestration", ("measure.runner", "measure.run_lock", "measure.ray_executor")),
+    ("orchestration", ("measure.runner", "measure.run_lock", "measure.ray_executor", "measure.disk_budget")),
     ("analysis and outputs", ("explain", "advise", "report")),
     ("interfaces", ("cli", "pipeline", "serve", "variantlab")),
 )

@@ -707,6 +707,26 @@ def dataset_make(n: int = typer.Option(100_000, "--n", min=1, help="number of sa
     err_console.print(f"wrote {n:,} samples to {out} in {time.perf_counter() - t0:.2f} s", highlight=False)
 
 
+@app.command("make-checkpoint")
+def make_checkpoint(out: Path = typer.Argument(..., help="folder to write (made if missing)"),
+                    shape: str = typer.Option(..., "--shape", help="a deployed shape, e.g. qwen2.5-0.5b, "
+                                              "llama-3.2-1b, smollm2-360m, llama-2-style-32k, qwen2-vocab-tiny"),
+                    seed: int = typer.Option(0, help="seeds the random weights"),
+                    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+                    tokenizer_class: Optional[str] = typer.Option(None, "--tokenizer-class", help="the class "
+                                                                  "tokenizer_config.json names, e.g. Qwen2Tokenizer")
+                    ) -> None:
+    """Write a random-weight checkpoint of a real model's shape, with a tokenizer of its vocabulary size."""
+    from .models.synthetic import describe, write_checkpoint
+    try:
+        done = write_checkpoint(out, shape, seed=seed, dtype=dtype, tokenizer_class=tokenizer_class)
+    except VariantlabError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(VariantlabError(f"cannot write it: {e.strerror}", file=str(out), accepted="a writable folder"))
+    console.print(describe(out, done), highlight=False, soft_wrap=True)
+
+
 def main() -> None:  # pragma: no cover - console script entry
     app()
 

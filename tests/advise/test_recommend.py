@@ -3,12 +3,15 @@ failed variants, the front; the selection matrix and the attention guideline."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from variantlab.advise.constraints import FAIL, PASS, UNDECIDED
 from variantlab.advise.matrix import attention_guideline, selection_matrix
-from variantlab.advise.recommend import NOT_RUN, load_requirements, recommend, shown_suite_path, stored_requirements
+from variantlab.advise.recommend import (NOT_MEASURED, NOT_RUN, load_requirements, recommend, shown_suite_path,
+                                         stored_requirements)
+from variantlab.measure.analysis import NOT_MEASURED_INTERRUPTED, NOT_REACHED
 from variantlab.errors import SuiteError
 from variantlab.suite import Requirements
 
@@ -70,6 +73,27 @@ def test_a_variant_that_failed_to_run_is_listed_apart_and_never_picked():
     assert rec.verdicts["int4"] == NOT_RUN and rec.pick == "int8"
     assert "failed to run: int4: failed: it broke" in rec.lines()
     assert "int4" not in rec.front
+
+
+def test_a_variant_the_run_never_measured_is_not_considered_nor_called_failed():
+    """Issue 49: the run was interrupted before int4; it is said to be not measured, with why."""
+    c = three_variants(status={"bf16": "ok", "int8": "ok", "int4": NOT_MEASURED_INTERRUPTED})
+    c = replace(c, reasons=c.reasons | {"int4": "the run was interrupted before its build"})
+    rec = _rec(c, objective="latency")
+    assert rec.verdicts["int4"] == NOT_MEASURED and rec.pick == "int8" and "int4" not in rec.front
+    assert rec.failed == {} and rec.not_measured == {"int4": "the run was interrupted before its build"}
+    assert "not measured: int4: the run was interrupted before its build" in rec.lines()
+    assert not any("fail" in line and "int4" in line for line in rec.lines())
+    assert rec.to_json()["not_measured"] == rec.not_measured
+
+
+def test_when_no_variant_was_measured_it_says_why_each_was_not():
+    c = three_variants(status={"bf16": "failed", "int8": NOT_REACHED, "int4": NOT_REACHED})
+    c = replace(c, reasons=c.reasons | {n: "the run ended before its build" for n in ("int8", "int4")})
+    rec = _rec(c)
+    assert rec.pick is None and rec.failed == {"bf16": "failed: it broke"}
+    assert rec.reason == ("no variant ran: bf16 failed: it broke; int8 not measured (the run ended before its build); "
+                          "int4 not measured (the run ended before its build)")
 
 
 def test_the_front_and_the_json_are_finite_and_complete():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from variantlab.measure.analysis import Comparison, analyse
+from variantlab.measure.analysis import NOT_MEASURED_INTERRUPTED, NOT_REACHED, Comparison, analyse, never_measured
 from variantlab.measure.records import RequestRecord
 from variantlab.measure.scenarios import SCENARIO_SPECS
 from variantlab.measure.scenarios.common import PassOutput, ScenarioOutput
@@ -245,6 +245,35 @@ def test_failed_variant_keeps_its_status_and_reason_and_the_others_go_on():
     assert c.status == {"base": "ok", "fast": "ok", "slow": "failed"}
     assert c.reasons["slow"] == "build: RuntimeError: boom"
     assert all(r.cells["slow"] is None for r in c.rows)
+
+
+def test_a_failed_round_is_a_failure_with_its_reason_even_in_an_interrupted_run():
+    failed = (MeasurementRecord(variant="fast", round=0, status="failed", reason="worker exited with status -9"), {})
+    c = run([record("base", 0, once=True), failed], names=("base", "fast"), interrupted=True)
+    assert c.status["fast"] == "failed" and c.reasons["fast"] == "worker exited with status -9"
+    assert not never_measured(c.status["fast"]) and c.rounds["fast"] == {"ok": 0, "failed": 1}
+
+
+@pytest.mark.parametrize("interrupted, status, how", [(True, NOT_MEASURED_INTERRUPTED, "was interrupted"),
+                                                      (False, NOT_REACHED, "ended")])
+def test_a_variant_the_run_never_measured_is_not_called_failed(interrupted, status, how):
+    """Issue 49: no record says it failed; the run stopped before its rounds (slow: built) or its build (late)."""
+    c = run([record("base", 0, once=True), record("fast", 0, once=True)], names=("base", "fast", "slow", "late"),
+            build_records=builds("base", "fast", "slow"), interrupted=interrupted)
+    assert c.status == {"base": "ok", "fast": "ok", "slow": status, "late": status}
+    assert c.reasons["slow"] == f"built, but the run {how} before any of its rounds"
+    assert c.reasons["late"] == f"the run {how} before its build"
+    assert never_measured(c.status["slow"]) and not never_measured("failed") and not never_measured("ok")
+    assert all(r.cells["slow"] is None and r.deltas["late"] is None for r in c.rows)
+    assert c.rounds["slow"] == {"ok": 0, "failed": 0}
+    assert not any("slow" in w or "late" in w for w in c.warnings)
+    assert Comparison.from_json(json.loads(json.dumps(c.to_json()))).status == c.status
+
+
+def test_a_variant_with_rounds_missing_but_one_measured_stays_ok():
+    c = run([record("base", 0, once=True), record("base", 1), record("fast", 0, once=True)], names=("base", "fast"),
+            interrupted=True)
+    assert c.status["fast"] == "ok" and c.reasons["fast"] is None and c.rounds["fast"] == {"ok": 1, "failed": 0}
 
 
 def test_where_each_artifact_came_from_is_said_in_the_comparison_and_its_status_lines():

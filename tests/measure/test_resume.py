@@ -19,6 +19,7 @@ import yaml
 import variantlab
 from variantlab.errors import VariantlabError
 from variantlab.measure.plan import plan_suite_file
+from variantlab.measure.reference import open_reference
 from variantlab.measure.run_lock import lock_path, run_lock
 from variantlab.measure.runner import replan
 from variantlab.store import Store
@@ -87,10 +88,16 @@ def test_a_run_killed_with_sigkill_leaves_no_worker_and_resume_finishes_it_keepi
     with Store(store) as s:
         (run,) = s.runs()
     assert run.status == "running" and 2 <= sum(r[2] == "measure" for r in before) < 4
+    reference = tmp_path / "runs" / run.run_id / "reference"
+    made = open_reference(reference).id                      # the baseline's, made before the rounds (issue 49)
 
     resumed = cli("bench", "--resume", run.run_id, "--store", store, cwd=tmp_path)
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
+    assert "base · reference" not in out + err and not reference.exists()   # kept, used, then given back
+    with Store(store) as s:
+        scored = [m.output("scoring").data for m in s.records(run.run_id, "measure") if m.ran_once]
+    assert [d["reference"] for d in scored] == [made, made] and all(d["kld_mean"] is not None for d in scored)
     after = rows(store)
     assert after[:len(before)] == before                      # every record kept, unchanged (same id, same bytes)
     assert sorted((r[1], r[3]) for r in after if r[2] == "measure") == [("base", 0), ("base", 1), ("half", 0),

@@ -270,10 +270,11 @@ def test_with_stderr_in_a_file_bench_writes_a_line_per_finished_job_and_a_busy_w
                               text=True, env=os.environ | {"COLUMNS": "100"}, timeout=600)
     lines = (tmp_path / "stderr.txt").read_text().splitlines()
     assert proc.returncode == 0, lines
-    assert lines[0] == "2 builds and measurements to run; a line as each finishes"
-    assert re.fullmatch(r"base · build: ok in [0-9.]+ s \(1/2 done, \d+ s elapsed\)", lines[1]), lines
-    assert re.fullmatch(r"base · round 1/1: ok in [0-9.]+ s \(2/2 done, \d+ s elapsed\)", lines[2]), lines
-    assert len(lines) == 3 and "━" not in "".join(lines)                   # no bar drawn into the file
+    assert lines[0].startswith("disk: this run will take about ") and lines[0].endswith(" free")   # said first
+    assert lines[1] == "2 builds and measurements to run; a line as each finishes"
+    assert re.fullmatch(r"base · build: ok in [0-9.]+ s \(1/2 done, \d+ s elapsed\)", lines[2]), lines
+    assert re.fullmatch(r"base · round 1/1: ok in [0-9.]+ s \(2/2 done, \d+ s elapsed\)", lines[3]), lines
+    assert len(lines) == 4 and "━" not in "".join(lines)                   # no bar drawn into the file
     assert "(this run's workers use 1 thread);" in " ".join(proc.stdout.split())
 
 
@@ -359,4 +360,4 @@ def test_a_variant_whose_every_scenario_raised_fails_and_keeps_its_record(tmp_pa
     assert record.status == "failed" and record.ran_once
     kept = {o.name for o in record.outputs if o.error is None}
     assert {"cold_start", "memory", "facts", "stability", "grading", "scoring"} <= kept
-    assert record.blobs and (result.output_dir / "report.md").is_file()
+    assert not record.blobs and (result.output_dir / "report.md").is_file()   # figures, no distributions

@@ -6,8 +6,12 @@ import copy
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
+
+from variantlab.measure import accuracy as acc
+from variantlab.measure.reference import open_reference
 
 from variantlab.backends.torch_engine import TorchEngine
 from variantlab.measure.tracker import Problem, WorkloadSettings
@@ -67,19 +71,63 @@ def test_retention_is_the_variants_accuracy_over_the_baselines_on_the_same_sampl
     assert "no sample correctly" in g.compare(none, var, None)["accuracy_retention"].text
 
 
-@pytest.mark.model
-def test_scoring_travels_as_a_blob_and_compares_identical_variants_exactly(tiny_lm):
-    model, tok = tiny_lm
+def scoring_host(model, tok, reference, writes=False) -> Host:
     h = host(model, tok)
+    h.reference_dir, h.writes_reference = str(reference), writes
+    return h
+
+
+@pytest.mark.model
+def test_scoring_compares_with_the_reference_in_the_worker_exactly_and_ships_figures_only(tiny_lm, tmp_path):
+    model, tok = tiny_lm
+    made = Scoring(3).run(scoring_host(model, tok, tmp_path, writes=True))
+    assert made.texts == 3 and made.positions > 0 and made.reference
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.5)                  # another distribution at every position
+    h = scoring_host(other, tok, tmp_path)
     out = Scoring(3).run(h)
-    assert out.texts == 3 and out.positions > 0 and out.nonfinite is None
-    assert set(h.blobs) == {out.logprobs_blob} and out.vocabulary_blob is None
-    # with an endpoint in the plan: the vocabulary's token texts too, which its top-k is matched by (issue 24)
-    texts = Scoring.from_config(Scoring(3, token_texts=True).config()).run(h)
-    assert texts.text_fingerprint and len(json.loads(h.blobs[texts.vocabulary_blob])) == len(tok)
-    facts = Scoring(3).compare(out, out, h.blobs.__getitem__)
-    assert facts["kld_mean"] == pytest.approx(0.0, abs=1e-9) and facts["top1_agreement"] == 1.0
-    assert facts["ppl_ratio"] == pytest.approx(1.0)
+    assert h.blobs == {} and out.logprobs_blob is None and out.split == "reference"
+    # the figures are those of the whole distributions, computed here from both engines' full outputs
+    texts = Scoring(3).texts(SAMPLES)
+    base = np.concatenate([s.logprobs for s in TorchEngine(model, tok, "cpu").score(texts)])
+    var = np.concatenate([s.logprobs for s in TorchEngine(other, tok, "cpu").score(texts)])
+    full = acc.kld_summary(base, var)
+    assert out.kld_mean == pytest.approx(full["mean"], rel=1e-12) and out.kld_mean > 1e-4
+    assert out.kld_p99 == pytest.approx(full["p99"], rel=1e-12)
+    assert out.top1_agreement == acc.top1_agreement(base, var)
+    facts = Scoring(3).compare(made, out, None)
+    assert facts["kld_mean"] == out.kld_mean and facts["ppl_ratio"] == pytest.approx(
+        np.exp(out.nll_nats / out.positions - made.nll_nats / made.positions))
+    same = Scoring(3).compare(made, Scoring(3).run(scoring_host(model, tok, tmp_path)), None)
+    assert same["kld_mean"] == 0.0 and same["top1_agreement"] == 1.0 and same["ppl_ratio"] == 1.0
+
+
+@pytest.mark.model
+def test_scoring_says_why_there_is_no_comparison(tiny_lm, tmp_path):
+    model, tok = tiny_lm
+    lonely = Scoring(2).run(scoring_host(model, tok, tmp_path / "none"))
+    assert lonely.versus.startswith("no baseline reference: no baseline reference in") and lonely.kld_mean is None
+    assert lonely.nll_nats is not None                      # its own perplexity and bits per byte still count
+    made = Scoring(2).run(scoring_host(model, tok, tmp_path, writes=True))
+    assert isinstance(Scoring(2).compare(made, lonely, None)["kld_mean"], Problem)
+    engine = TorchEngine(model, tok, "cpu")
+    engine.vocabulary_source = "own"                        # splits the text itself (a user's GGUF does)
+    real_predicted = engine._predicted
+    engine._predicted = lambda text: (lambda ids, n: ([ids[0], *ids] , n))(*real_predicted(text))   # another split
+    h = Host(engine, Built(model, tok), SAMPLES, "cpu", None, 0, reference_dir=str(tmp_path))
+    own = Scoring(2).run(h)
+    assert own.split == "own" and own.versus.startswith("not comparable: ") and own.kld_mean is None
+    facts = Scoring(2).compare(made, own, None)
+    assert all(isinstance(v, Problem) and "not comparable" in v.text for v in facts.values())
+
+
+@pytest.mark.model
+def test_a_reference_for_an_endpoint_carries_the_vocabularys_texts(tiny_lm, tmp_path):
+    model, tok = tiny_lm
+    made = Scoring(3, token_texts=True).run(scoring_host(model, tok, tmp_path, writes=True))
+    reference = open_reference(tmp_path)
+    assert made.text_fingerprint == reference.text_fingerprint and len(reference.vocabulary()) == len(tok)
 
 
 @pytest.mark.model

@@ -35,15 +35,22 @@ def artifact(tiny_model_dir, tmp_path_factory):
     return out
 
 
-def measure(artifact, run_once: bool, variant=None, run=True):
+def measure(artifact, run_once: bool, variant=None, run=True, **fields):
     job = MeasureJob(variant=(variant or VariantDefinition("int8", "int8")).to_json(), artifact_dir=str(artifact),
                      round=1, device="cpu", threads=1, seed=0, samples=SAMPLES,
-                     trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in TRACKERS), run_once=run_once)
+                     trackers=tuple(TrackerJob(kind=t.kind, config=t.config()) for t in TRACKERS), run_once=run_once,
+                     **fields)
     return job, (run_job(job) if run else None)
 
 
-def test_a_measurement_hosts_every_tracker_and_its_record_validates(artifact):
-    job, (record, blobs) = measure(artifact, run_once=True)
+def test_a_measurement_hosts_every_tracker_and_its_record_validates(artifact, tmp_path):
+    reference = tmp_path / "reference"
+    made, _ = run_job(MeasureJob(variant=VariantDefinition("int8", "int8").to_json(), artifact_dir=str(artifact),
+                                 round=-1, device="cpu", threads=1, seed=0, samples=SAMPLES,
+                                 trackers=(TrackerJob(kind="scoring", config=Scoring(2).config()),), run_once=True,
+                                 reference_dir=str(reference), writes_reference=True))
+    assert made.status == "ok" and made.output("scoring").error is None
+    job, (record, blobs) = measure(artifact, run_once=True, reference_dir=str(reference))
     assert record.status == "ok", record.reason
     assert [o.name for o in record.outputs] == [t.name for t in TRACKERS]
     assert record.round == 1 and record.ran_once and record.device == "cpu"
@@ -51,8 +58,11 @@ def test_a_measurement_hosts_every_tracker_and_its_record_validates(artifact):
     # the read-bandwidth probe ran after every tracker (its buffer is not in the memory peak), into the scenario
     single = record.output("single-stream").data
     assert single["read_gbps"] > 0 and single["weight_bytes_per_token"] > 0
+    # scoring compared itself with the reference in the worker: figures travel, no distribution (issue 49)
     scoring = record.output("scoring").data
-    assert set(blobs) == {scoring["logprobs_blob"]} == set(record.blobs)
+    assert blobs == {} and record.blobs == {} and scoring["logprobs_blob"] is None
+    assert scoring["reference"] == made.output("scoring").data["reference"] and scoring["split"] == "reference"
+    assert scoring["kld_mean"] == pytest.approx(0.0, abs=1e-12) and scoring["top1_agreement"] == 1.0
     again, again_blobs = decode_result(encode_result(record, blobs), job_trackers(job))
     assert again == record and again_blobs == blobs
 

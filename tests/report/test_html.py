@@ -265,7 +265,7 @@ def test_the_page_is_self_contained_with_plotly_inlined_once():
     assert "Content-Security-Policy" in text and "default-src 'none'" in text
     assert text.count('data-drawn="yes"') == 5
     assert "pick: lin-int8" in text and "lin-int8 ★ front" in text
-    assert "skipped broken: failed (build: out of memory)" in text
+    assert "skipped broken: failed — build: out of memory" in text
 
 
 def test_report_without_recommendation_says_so_and_draws_its_own_front():

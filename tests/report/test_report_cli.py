@@ -19,7 +19,7 @@ import subprocess
 import jsonschema
 import pytest
 
-from tests.report.test_stored import RUN, store_with_run
+from tests.report.test_stored import RUN, STOPPED, WHY, store_with_run, store_with_stopped_run
 from tests.test_cli import assert_one_line_error, run_cli, write_suite
 from variantlab.report.files import results_json_schema
 
@@ -45,6 +45,18 @@ def test_show_formats(tmp_path):
     assert md.stdout.startswith("| Metric | base (baseline) |")
     table = run_cli("show", RUN, "--store", "s.sqlite", "--format", "table", cwd=tmp_path)
     assert table.returncode == 0 and "demo — run" in table.stdout and "(headline rows" in table.stdout
+
+
+def test_show_of_an_interrupted_run_says_what_it_did_not_measure_not_that_it_failed(tmp_path):
+    store_with_stopped_run(tmp_path)
+    shown = run_cli("show", STOPPED, "--store", "stopped.sqlite", "--all", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert f"run {STOPPED} (interrupted)" in shown.stdout
+    assert f"late: not measured (interrupted) — {WHY['late']}" in shown.stdout
+    assert f"never: not measured (interrupted) — {WHY['never']}" in shown.stdout
+    assert "broken: failed — build: out of memory" in shown.stdout
+    tpot = "\n".join(line for line in shown.stdout.splitlines() if line.lstrip().startswith("TPOT p50"))
+    assert tpot.count("not measured (interrupted)") == 2 and tpot.count("failed") == 2   # over the split tables
 
 
 def test_show_bad_formats_are_one_line_errors(tmp_path):

@@ -2,8 +2,8 @@
 
 pyperf's compare_to is the model: a ratio B/A, its interval, then "1.23x slower" or "not
 significant". Variants are matched by name and rows by key; a variant or a row that only one run
-has is listed as such, a variant that failed in either run with its status. Each row of each
-variant present in both runs is judged by its kind:
+has is listed as such, a variant that failed or was not measured in either run with its status. Each
+row of each variant present in both runs is judged by its kind:
 - rows measured every round ("samples", "process": latencies, throughput, cold start, memory):
   the ratio of the statistic pooled over each run's rounds, with rounds.unpaired_delta's interval.
   Two runs share no round, so nothing cancels between them: each run's statistic is resampled on
@@ -104,7 +104,7 @@ class MetricChange:
 @dataclass(frozen=True)
 class VariantChange:
     name: str
-    status_a: str | None            # "ok", "failed", ...; None: the variant is not in run A
+    status_a: str | None            # "ok", "failed", "not reached", ...; None: the variant is not in run A
     status_b: str | None
     reason_a: str | None = None
     reason_b: str | None = None
@@ -399,7 +399,8 @@ def parse_threshold(text: str) -> float:
 
 def regressions(rc: RunComparison, threshold: float) -> list[str]:
     """What fails the gate: each metric worse in B by more than `threshold` (a fraction) with a verdict,
-    and each variant that ran in A and failed in B."""
+    and each variant that ran in A and has no figures in B (it failed there, or run B never measured it:
+    its status says which)."""
     out = []
     for v in rc.variants:
         if v.status_a == "ok" and v.status_b not in (None, "ok"):

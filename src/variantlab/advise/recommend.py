@@ -12,7 +12,9 @@
    when the requirements speak of them), judged with intervals (advise/pareto.py);
 5. when the pick rests on thin evidence (one round, a deciding difference not shown significant, no
    accuracy data), caveats that lead the lines and say what would settle it (advise/evidence.py).
-Variants that failed to run are listed apart with their reason.
+Variants that failed to run are listed apart with their reason; so are those the run never measured (it
+was interrupted, or ended, before them: analysis.NOT_MEASURED_INTERRUPTED, NOT_REACHED), which are not
+considered and not called failures.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..measure.analysis import never_measured
 from ..report.format import fmt_value
 from .constraints import FAIL, PASS, UNDECIDED, UNMEASURED, Constraint, Judgement, constraints_of, judge, range_coverage
 from .evidence import Caveat, Decision, caveats
@@ -29,6 +32,7 @@ from .presets import expand
 
 DEFAULT_OBJECTIVE = "e2el_p95"
 NOT_RUN = "failed to run"
+NOT_MEASURED = "not measured"        # the run never got to it: no verdict, and no failure
 RETENTION = MetricRef("retention", "accuracy", (("grading", "accuracy_retention", False),), "accuracy retention")
 KLD = MetricRef("kld", "accuracy", (("scoring", "kld_mean", True),), "KLD")
 
@@ -39,7 +43,7 @@ class Recommendation:
     requirements: dict                      # as expanded from the preset, in the suite's own words
     constraints: tuple[Constraint, ...]
     judgements: dict[str, tuple[Judgement, ...]]   # variant → one per constraint
-    verdicts: dict[str, str]                # variant → pass | fail | not distinguishable | failed to run
+    verdicts: dict[str, str]      # variant → pass | fail | not distinguishable | failed to run | not measured
     objective: dict[str, float]             # metric name → weight
     dimensions: tuple[Dimension, ...]
     points: dict[str, dict[str, tuple]]     # variant → dimension key → (value, low, high)
@@ -51,6 +55,7 @@ class Recommendation:
     failed: dict[str, str] = field(default_factory=dict)   # variants that did not run → why
     notes: tuple[str, ...] = ()
     caveats: tuple[Caveat, ...] = ()        # how thin the evidence under the pick is; they lead the lines
+    not_measured: dict[str, str] = field(default_factory=dict)   # variants the run never got to → why
 
     def names(self, verdict: str) -> list[str]:
         return [n for n, v in self.verdicts.items() if v == verdict]
@@ -72,6 +77,8 @@ class Recommendation:
                 out.append(f"{head}: {n}: " + "; ".join(worst))
         for n, why in self.failed.items():
             out.append(f"failed to run: {n}: {why}")
+        for n, why in self.not_measured.items():
+            out.append(f"not measured: {n}: {why}")
         dims = ", ".join(d.label for d in self.dimensions)
         out.append(f"Pareto front over {dims}: {', '.join(self.front) or '—'}")
         out += [f"note: {n}" for n in self.notes]
@@ -85,7 +92,8 @@ class Recommendation:
                 "dimensions": [d.to_json() for d in self.dimensions],
                 "points": {n: {k: list(v) for k, v in p.items()} for n, p in self.points.items()},
                 "front": list(self.front), "pick": self.pick, "reason": self.reason, "closest": self.closest,
-                "binding": self.binding, "failed": self.failed, "notes": list(self.notes),
+                "binding": self.binding, "failed": self.failed, "not_measured": self.not_measured,
+                "notes": list(self.notes),
                 "caveats": [c.to_json() for c in self.caveats], "lines": self.lines()}
 
 
@@ -107,12 +115,15 @@ def recommend(comparison, scenarios: list[dict], requirements, suite_path: str |
     weights = objective_weights(req.objective or DEFAULT_OBJECTIVE)
     constraints = constraints_of(req, comparison, where)
     ran = [n for n in comparison.variants if comparison.status.get(n) == "ok"]
+    unmeasured = {n: comparison.reasons.get(n) or comparison.status[n] for n in comparison.variants
+                  if never_measured(comparison.status.get(n))}
     failed = {n: f"{comparison.status.get(n)}: {comparison.reasons.get(n) or 'no reason recorded'}"
-              for n in comparison.variants if n not in ran}
+              for n in comparison.variants if n not in ran and n not in unmeasured}
     rows = {r.key: r for r in comparison.rows}
     judgements = {n: tuple(judge(c, rows[c.row_key].cells.get(n) if c.row_key else None) for c in constraints)
                   for n in ran}
-    verdicts = {n: _verdict(judgements[n]) for n in ran} | {n: NOT_RUN for n in failed}
+    verdicts = ({n: _verdict(judgements[n]) for n in ran} | {n: NOT_RUN for n in failed}
+                | {n: NOT_MEASURED for n in unmeasured})
     objective = _Objective(comparison, where, weights)
     dims = _dimensions(comparison, where, req, weights)
     points = {n: p for n in ran if (p := _point(rows, dims, n))}
@@ -131,10 +142,10 @@ def recommend(comparison, scenarios: list[dict], requirements, suite_path: str |
             find_row(comparison, RETENTION, where)[0], find_row(comparison, KLD, where)[0], suite_path))
     else:
         pick = None
-        closest, binding, reason = _nearest(ran, judgements, verdicts, objective, failed)
+        closest, binding, reason = _nearest(ran, judgements, verdicts, objective, failed, unmeasured)
     return Recommendation(comparison.baseline, req.model_dump(exclude_none=True, exclude={"slo"}), tuple(constraints),
                           judgements, verdicts, weights, tuple(dims), points, front, pick, reason, closest, binding,
-                          failed, tuple(notes), thin)
+                          failed, tuple(notes), thin, unmeasured)
 
 
 def _verdict(judgements) -> str:
@@ -255,10 +266,13 @@ def _pick_reason(pick: str, passing: list[str], constraints, objective: _Objecti
     return reason
 
 
-def _nearest(ran, judgements, verdicts, objective: _Objective, failed) -> tuple[str | None, str | None, str]:
+def _nearest(ran, judgements, verdicts, objective: _Objective, failed,
+             unmeasured) -> tuple[str | None, str | None, str]:
     """Nothing passes: the closest variant, the binding constraint, and the sentence that says so."""
     if not ran:
-        return None, None, "no variant ran: " + "; ".join(f"{n} {why}" for n, why in failed.items())
+        return None, None, "no variant ran: " + "; ".join(
+            [f"{n} {why}" for n, why in failed.items()]
+            + [f"{n} not measured ({why})" for n, why in unmeasured.items()])
     undecided = [n for n in ran if verdicts[n] == UNDECIDED]
     if undecided:
         closest = objective.best(undecided)

@@ -156,6 +156,17 @@ class Backend(Protocol):
         """Teacher-forced next-token log-probabilities over each text."""
 
 
+class IdScoring(Protocol):
+    """A backend with `scoring` that also scores a text given as token ids, and says whose ids it takes:
+    `vocabulary_source` "checkpoint" (the suite's checkpoint tokenizer's: our engine, a GGUF built from the
+    checkpoint), so that it is scored on the baseline's own split (measure/reference.py), or "own" (a user's GGUF)."""
+
+    vocabulary_source: str
+
+    def score_ids(self, ids: Sequence[int], n_bytes: int) -> ScoredText:
+        """Teacher-forced next-token log-probabilities over one text's token ids; `n_bytes` its predicted bytes."""
+
+
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """text up to (not including) the earliest occurrence of any stop string."""
     cut = len(text)

@@ -47,6 +47,7 @@ class LlamaCppBackend:
         """`text`: the checkpoint tokenizer whose ids the GGUF takes; None: the GGUF's own vocabulary."""
         self.L = llama()
         self.model = load_model(gguf_path)
+        self.vocabulary_source = "checkpoint" if text is not None else "own"    # base.IdScoring
         if text is None:
             own = GGUFTokenizer(self.model)
             text = TokenizerText(own, frozenset({own.eos_token_id}))
@@ -187,23 +188,24 @@ class LlamaCppBackend:
 
     def score(self, texts: Sequence[str]) -> list[ScoredText]:
         """Log-probabilities of every next token of each text; see base.ScoredText for n_bytes."""
-        out = []
-        for text in texts:
-            ids, predicted = self.text.predicted(text)
-            if len(ids) > 1:
-                self._context(1, len(ids))
-                logits = np.empty((len(ids) - 1, self.n_vocab), dtype=np.float32)
-                step = self._batch_size
-                for start in range(0, len(ids) - 1, step):
-                    chunk = list(range(start, min(start + step, len(ids) - 1)))
-                    self._decode([(ids[p], p, 0, True) for p in chunk])
-                    for j, p in enumerate(chunk):
-                        logits[p] = self._logits(j)
-            else:
-                logits = np.zeros((0, self.n_vocab), dtype=np.float32)
-            finite = np.isfinite(logits).all(-1)
-            first_bad = None if finite.all() else int(np.flatnonzero(~finite)[0])
-            shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
-            logprobs = (shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))).astype(np.float32)
-            out.append(ScoredText(logprobs, np.asarray(ids[1:], dtype=np.int64), tuple(ids), predicted, first_bad))
-        return out
+        return [self.score_ids(*self.text.predicted(text)) for text in texts]
+
+    def score_ids(self, ids: Sequence[int], n_bytes: int) -> ScoredText:
+        """Log-probabilities of every next token of one text given as token ids (`n_bytes`: its predicted bytes)."""
+        ids = list(ids)
+        if len(ids) > 1:
+            self._context(1, len(ids))
+            logits = np.empty((len(ids) - 1, self.n_vocab), dtype=np.float32)
+            step = self._batch_size
+            for start in range(0, len(ids) - 1, step):
+                chunk = list(range(start, min(start + step, len(ids) - 1)))
+                self._decode([(ids[p], p, 0, True) for p in chunk])
+                for j, p in enumerate(chunk):
+                    logits[p] = self._logits(j)
+        else:
+            logits = np.zeros((0, self.n_vocab), dtype=np.float32)
+        finite = np.isfinite(logits).all(-1)
+        first_bad = None if finite.all() else int(np.flatnonzero(~finite)[0])
+        shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+        logprobs = (shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))).astype(np.float32)
+        return ScoredText(logprobs, np.asarray(ids[1:], dtype=np.int64), tuple(ids), n_bytes, first_bad)

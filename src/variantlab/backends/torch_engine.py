@@ -55,6 +55,7 @@ class TorchEngine:
                  static_cache: bool = True, compile_step: bool = False, decode_step: bool = True):
         self.model = model
         self.tokenizer = tokenizer
+        self.vocabulary_source = "checkpoint"    # base.IdScoring: a variant of the suite's own checkpoint
         self.tokenizer_class = type(tokenizer).__name__
         self.device = torch.device(device)
         # decode streams every weight a token: on the CPU they move into one huge-page mapping first
@@ -304,21 +305,23 @@ class TorchEngine:
     @torch.inference_mode()
     def score(self, texts: Sequence[str]) -> list[ScoredText]:
         """Log-probabilities of every next token of each text; see base.ScoredText for n_bytes."""
-        out = []
-        vocab_size = getattr(getattr(self.model, "config", None), "vocab_size", 0)
-        for text in texts:
-            ids, predicted = self._predicted(text)
-            if ids:
-                t = torch.tensor([ids], dtype=torch.long, device=self.device)
-                logits = self.model(input_ids=t).logits[0, :-1].float()               # (T-1, V)
-            else:
-                logits = torch.zeros(0, vocab_size, device=self.device)
-            finite = torch.isfinite(logits).all(-1)                                   # (T-1,)
-            first_bad = None if bool(finite.all()) else int((~finite).nonzero()[0, 0])
-            logprobs = torch.log_softmax(logits, dim=-1)
-            out.append(ScoredText(logprobs.cpu().numpy().astype(np.float32),
-                                  np.asarray(ids[1:], dtype=np.int64), tuple(ids), predicted, first_bad))
-        return out
+        return [self.score_ids(*self._predicted(text)) for text in texts]
+
+    @torch.inference_mode()
+    def score_ids(self, ids: Sequence[int], n_bytes: int) -> ScoredText:
+        """Log-probabilities of every next token of one text given as token ids (`n_bytes`: its predicted bytes)."""
+        ids = list(ids)
+        if ids:
+            t = torch.tensor([ids], dtype=torch.long, device=self.device)
+            logits = self.model(input_ids=t).logits[0, :-1].float()                   # (T-1, V)
+        else:
+            vocab_size = getattr(getattr(self.model, "config", None), "vocab_size", 0)
+            logits = torch.zeros(0, vocab_size, device=self.device)
+        finite = torch.isfinite(logits).all(-1)                                       # (T-1,)
+        first_bad = None if bool(finite.all()) else int((~finite).nonzero()[0, 0])
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return ScoredText(logprobs.cpu().numpy().astype(np.float32), np.asarray(ids[1:], dtype=np.int64),
+                          tuple(ids), n_bytes, first_bad)
 
     def _predicted(self, text: str) -> tuple[list[int], int]:
         return self.text.predicted(text)

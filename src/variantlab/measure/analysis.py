@@ -13,6 +13,10 @@ A row whose metric says two figures cannot be compared (`MetricDef.comparable`: 
 texts that two tokenizers split differently) gives that variant no delta, only the reason.
 The baseline's round-to-round spread is the machine's noise: a row whose delta is smaller than it
 says so in plain words.
+A variant's status is "ok" when some round measured it, else its failure's status ("failed",
+"unsupported", with the reason), else — no record says it failed, the run never measured it —
+NOT_MEASURED_INTERRUPTED when the run was interrupted (or its bench killed) and NOT_REACHED otherwise:
+neither is a failure.
 """
 from __future__ import annotations
 
@@ -26,6 +30,14 @@ from .stats import Delta, Estimate, exact_delta
 from .tracker import NOT_MEASURED, MetricDef, Problem
 
 NOT_COMPARABLE = "not comparable"   # the method of a delta withheld: the two figures measure different things
+NOT_MEASURED_INTERRUPTED = "not measured (interrupted)"   # no record: the run was interrupted before it
+NOT_REACHED = "not reached"                                # no record: the run ended before it
+UNMEASURED = (NOT_MEASURED_INTERRUPTED, NOT_REACHED)
+
+
+def never_measured(status: str | None) -> bool:
+    """Whether a variant's status says the run never got to measure it: not measured, but not failed either."""
+    return status in UNMEASURED
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,7 @@ class Comparison:
 
 @dataclass
 class _Variant:
-    status: str = "failed"
+    status: str | None = None                 # None until a record speaks of it
     reason: str | None = None
     outputs: dict[int, dict] = field(default_factory=dict)   # round → tracker name → output
     once: dict = field(default_factory=dict)                  # tracker name → output of its once round
@@ -109,9 +121,10 @@ class _Variant:
     notes: tuple[str, ...] | None = None
 
 
-def _gather(trackers, names, builds, records) -> dict[str, _Variant]:
+def _gather(trackers, names, builds, records, interrupted: bool = False) -> dict[str, _Variant]:
     by_name = {t.name: t for t in trackers}
     out = {n: _Variant() for n in names}
+    built = {b.variant for b in builds if b.status == "ok"}
     for b in builds:
         if b.variant in out and b.status != "ok":
             out[b.variant].status = b.status
@@ -136,7 +149,17 @@ def _gather(trackers, names, builds, records) -> dict[str, _Variant]:
         v.outputs[rec.round] = parsed
         if rec.ran_once:
             v.once.update({k: p for k, p in parsed.items() if by_name[k].once})
+    for n, v in out.items():
+        if v.status is None:
+            v.status, v.reason = _unmeasured(n in built, interrupted)
     return out
+
+
+def _unmeasured(built: bool, interrupted: bool) -> tuple[str, str]:
+    """The status and reason of a variant no record speaks of: the run stopped before its build or its rounds."""
+    how = "was interrupted" if interrupted else "ended"
+    return (NOT_MEASURED_INTERRUPTED if interrupted else NOT_REACHED,
+            f"built, but the run {how} before any of its rounds" if built else f"the run {how} before its build")
 
 
 def _round_samples(d: MetricDef, v: _Variant, tracker_name: str) -> tuple[dict[int, list[float]], str | None]:
@@ -206,10 +229,13 @@ def _problem(unit: str, text: str) -> Estimate:
 # ------------------------------------------------------------------ the table
 
 def analyse(trackers: Sequence, names: Sequence[str], baseline: str, builds: Sequence, records: Sequence,
-            blobs: Callable[[str], bytes], *, extra_warnings: Sequence[str] = ()) -> Comparison:
-    """Rows of every tracker's metrics for every variant; deltas against `baseline`."""
+            blobs: Callable[[str], bytes], *, extra_warnings: Sequence[str] = (),
+            interrupted: bool = False) -> Comparison:
+    """Rows of every tracker's metrics for every variant; deltas against `baseline`. `interrupted`: the run
+    did not end (interrupted, or its bench killed), so a variant it has no record of reads
+    NOT_MEASURED_INTERRUPTED; else NOT_REACHED."""
     names = tuple(names)
-    data = _gather(trackers, names, builds, records)
+    data = _gather(trackers, names, builds, records, interrupted)
     ok = [n for n in names if data[n].status == "ok"]
     base = data[baseline] if baseline in ok else None
     rows, warnings = [], list(extra_warnings)

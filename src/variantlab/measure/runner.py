@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,10 +35,12 @@ from ..variants.artifact import META_FILE, artifact_problem
 from ..variants.build import calibration_digest
 from .analysis import Comparison, analyse
 from .backend_kinds import backend_kind
+from .disk_budget import build_budget, check_disk, disk_budget, say_disk
 from .executor import Executor, LocalProcessExecutor, Task
 from .limits import Limits
 from .plan import Plan, PlannedVariant, available_cores
 from .plan_record import PlanRecord
+from .reference import ReferenceMissing, open_reference
 from .run_lock import run_lock
 from .runs import RESULTS_SCHEMA
 from .wire import BuildJob, BuildRecord, MeasureJob, TrackerJob
@@ -183,10 +186,14 @@ def measure_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir
     threads = suite.threads or available_cores()
     env = HostEnvironment.model_validate(host_fingerprint() | {"threads_per_worker": threads, "rounds": plan.rounds})
     store_file = Path(store_path or suite.output.store or DEFAULT_STORE)
+    # the disk first: a run it cannot hold is refused before the store or the run folder is touched
+    disk = check_disk(disk_budget(plan, Path(output_dir or suite.output.dir) / run_id, store_file,
+                                  artifacts_dir=artifacts_dir))
     # the store is checked before the run folder is made: a refused store leaves no empty folder behind
     with Store(store_file) as store, run_lock(store_file, run_id):
         out = make_folder(Path(output_dir or suite.output.dir) / run_id, "the run folder", "output.dir",
                           "a writable folder (--output DIR)")
+        say_disk(disk, events.on_note if events else None)
         # the suite and the run folder stored as absolute paths: a resume started from another folder reads the
         # suite's relative model and dataset paths from the suite's own folder and writes into this same folder
         store.create_run(run_id, suite.model_dump(mode="json"), str(Path(plan.suite_path).resolve()),
@@ -216,7 +223,9 @@ def measure_resumed(run_id: str, *, store_path: str | Path | None = None, execut
                                       accepted="a run whose status is running (its bench was killed) or "
                                                "interrupted (`variantlab runs` lists them)")
             plan = replan(row, store_file)
+            disk = check_disk(disk_budget(plan, Path(row.output_dir), store_file, stored=store.records(row.run_id)))
             out = make_folder(Path(row.output_dir), "the run folder", "output.dir", "a writable folder")
+            say_disk(disk, events.on_note if events else None)
             threads = row.environment.threads_per_worker or available_cores()
             store.reopen_run(row.run_id)
             run = _Run(plan, row.run_id, out, store, store_file, executor or LocalProcessExecutor(),
@@ -269,10 +278,12 @@ class _Run:
         try:
             finished = {(r.variant, r.kind, getattr(r, "round", 0)): r for r in store.records(run_id)}
             self.kept = len(finished)
-            self.events.on_start(len(plan.variants) * (1 + plan.rounds) - len(finished))
+            self.events.on_start(len(plan.variants) * (1 + plan.rounds) - len(finished)
+                                 + any(t.writes_reference for t in plan.trackers))
             prepare_kernels(plan, self.events)
             builds = self._build_all(finished)
-            self._measure_all(builds, finished)
+            reference = self._reference(builds)
+            self._measure_all(builds, finished, reference)
             records = store.records(run_id, "measure")
             if resumed:
                 self.warnings.append(f"resumed: {len(finished)} records were kept from before the resume, the "
@@ -280,6 +291,8 @@ class _Run:
             comparison = analyse(plan.trackers, [v.name for v in plan.variants], plan.baseline,
                                  list(builds.values()), records, store.blob, extra_warnings=self.warnings)
             store.finish_run(run_id, comparison.to_json(), DONE)
+            if reference is not None:   # every comparison with it is in the records now: its disk is given back
+                shutil.rmtree(reference, ignore_errors=True)
         except BaseException as e:  # never left as `running`: what finished stays, the run says it did not end
             with _signals_held():   # a second Ctrl-C must not stop the clean-up half way
                 self.executor.kill()
@@ -324,7 +337,45 @@ class _Run:
         builds[record.variant] = record
         self.events.on_done(label, record)
 
-    def _measure_all(self, builds: dict[str, BuildRecord], finished: dict) -> None:
+    def _reference(self, builds: dict[str, BuildRecord]) -> Path | None:
+        """The baseline's reference (measure/reference.py): its next-token distributions over the evaluation
+        text, written once, before the rounds, by a job of its own that hosts only the trackers that write it
+        (scoring), so that every variant's worker compares its own with them and no record carries one. Kept
+        from before a resume when it is whole; None when the plan scores nothing, or its baseline cannot give
+        full distributions (an endpoint: its comparisons say so) or did not build."""
+        plan = self.plan
+        writers = [t for t in plan.trackers if t.writes_reference]
+        base = builds.get(plan.baseline)
+        if not writers or base is None or base.status != "ok" \
+                or not backend_kind(plan.variant(plan.baseline).definition.backend).local_model:
+            return None
+        folder = self.out / "reference"
+        try:
+            open_reference(folder, writers[0].texts(plan.samples))
+            return folder
+        except ReferenceMissing:
+            pass
+        label = f"{plan.baseline} · reference"
+        job = self._measure_job(plan.baseline, -1, base, True).model_copy(update={
+            "trackers": tuple(TrackerJob(kind=t.kind, config=t.config()) for t in writers),
+            "reference_dir": str(folder.resolve()), "writes_reference": True})
+        done: list = []
+        self.executor.run_all([Task(label, job, self.out / "jobs" / f"{plan.baseline}-reference",
+                                    lambda stage, f: self.events.on_progress(label, stage, f))],
+                              Limits(plan.suite.timeout_s, plan.suite.max_memory_bytes),
+                              lambda task, record, blobs: done.append(record),
+                              on_start=lambda task: self.events.on_job(label))
+        record = done[0] if done else None
+        if record is not None:
+            self.events.on_done(label, record)
+        why = ("no result" if record is None else record.reason if record.status != "ok"
+               else next((o.error for o in record.outputs if o.error), None))
+        if why is not None:         # the variants' scoring rows then say there is no reference; this says why
+            self.warnings.append(f"the baseline's reference distributions could not be made ({why}): KLD, top-1 "
+                                 "agreement and the PPL ratio are not measured")
+        return folder
+
+    def _measure_all(self, builds: dict[str, BuildRecord], finished: dict, reference: Path | None = None) -> None:
         """Every (variant, round) without a record, in the plan's order, through the executor's run_all. A
         variant's once-per-variant trackers ride on its first round that is made while none of its rounds
         has run them (or is running them) yet."""
@@ -341,7 +392,10 @@ class _Run:
                     if run_once:
                         once_running.add(name)
                     label = f"{name} · round {r + 1}/{plan.rounds}"
-                    yield Task(label, self._measure_job(name, r, builds[name], run_once),
+                    job = self._measure_job(name, r, builds[name], run_once)
+                    if reference is not None and run_once:
+                        job = job.model_copy(update={"reference_dir": str(reference.resolve())})
+                    yield Task(label, job,
                                self.out / "jobs" / f"{name}-r{r + 1}",
                                lambda stage, f, label=label: self.events.on_progress(label, stage, f))
 
@@ -464,10 +518,12 @@ def run_build(plan: Plan, out_dir: str | Path | None = None, *, executor: Execut
               events: Events | None = None) -> dict[str, BuildRecord]:
     """Build every variant of a checked plan, each in a fresh process, into out_dir/<variant name>/.
     A failing variant is recorded with its reason and the others go on."""
-    out = make_folder(Path(out_dir) if out_dir is not None else default_artifacts_dir(plan), "the artifacts folder",
-                      "--out", "a writable folder (default ./artifacts/<suite name>)")
-    executor = executor or LocalProcessExecutor()
+    out = Path(out_dir) if out_dir is not None else default_artifacts_dir(plan)
     events = events or Events()
+    disk = check_disk(build_budget(plan, out))     # before the folder is made
+    out = make_folder(out, "the artifacts folder", "--out", "a writable folder (default ./artifacts/<suite name>)")
+    say_disk(disk, events.on_note)
+    executor = executor or LocalProcessExecutor()
     threads = plan.suite.threads or available_cores()
     results: dict[str, BuildRecord] = {v.name: nothing_built_record(v) for v in plan.variants
                                        if not backend_kind(v.definition.backend).builds}

@@ -6,7 +6,7 @@ only carries runs out (docs/architecture.md).
 from __future__ import annotations
 
 from ..errors import StoreError
-from ..store import Store
+from ..store import DONE, Store
 from .analysis import Comparison, analyse
 
 RESULTS_SCHEMA = "variantlab.results/1"
@@ -25,7 +25,9 @@ def stored_comparison(store: Store, run_id: str) -> tuple[Comparison, object]:
 
 def reanalyse(store: Store, row) -> tuple[Comparison, dict, list]:
     """A stored run (store.run's row) analysed afresh from its records: its comparison, every row's
-    samples by round per variant (analysis.round_samples) and its measurement records."""
+    samples by round per variant (analysis.round_samples) and its measurement records. A run that did not
+    end (interrupted, or still `running`: its bench was killed) says of the variants it has no record of
+    that they were not measured because of it (analysis.NOT_MEASURED_INTERRUPTED)."""
     from .analysis import round_samples
     from .trackers import tracker_from_config
     plan = row.plan
@@ -33,7 +35,8 @@ def reanalyse(store: Store, row) -> tuple[Comparison, dict, list]:
         trackers = [tracker_from_config(t["kind"], t["config"]) for t in plan["trackers"]]
         names = [v["name"] for v in plan["variants"]]
         builds, records = store.records(row.run_id, "build"), store.records(row.run_id, "measure")
-        comparison = analyse(trackers, names, plan["baseline"], builds, records, store.blob)
+        comparison = analyse(trackers, names, plan["baseline"], builds, records, store.blob,
+                             interrupted=row.status != DONE)
         samples = round_samples(trackers, names, builds, records)
     except (KeyError, TypeError, ValueError) as e:   # a plan or record of another variantlab version
         raise StoreError(f"run {row.run_id} was written by another version of variantlab and cannot be "

@@ -81,6 +81,8 @@ class HostContext(Protocol):
     baseline_bytes: int             # the process's memory right after its imports
     shapes: list[str]               # what the scenarios have sent so far, for memory's coverage note
     outputs: dict[str, BaseModel]   # what the trackers before this one returned
+    reference_dir: str | None       # the run's baseline reference (measure/reference.py), where scoring reads it
+    writes_reference: bool          # this job writes that reference (the baseline's, before the rounds)
 
     def progress(self, stage: str, fraction: float) -> None: ...
 
@@ -124,6 +126,7 @@ class TrackerBase:
     why: `remote_reason`)."""
 
     once = False
+    writes_reference = False     # hosted alone by the baseline's reference job before the rounds (scoring)
     needs_local_model = True
     needs_torch_model = False    # reads our torch modules (not measured for a model another runtime runs)
     remote_reason = "it needs the model in the measuring process"

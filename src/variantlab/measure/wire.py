@@ -69,6 +69,8 @@ class MeasureJob(_Wire):
     trackers: tuple[TrackerJob, ...]
     run_once: bool                          # host the once-per-variant trackers (its first good round)
     trust_remote_code: bool = False
+    reference_dir: str | None = None        # the run's baseline reference (measure/reference.py): read, or
+    writes_reference: bool = False          # written by this job (the baseline's reference job: scoring alone)
 
 
 Job = Union[BuildJob, MeasureJob]

@@ -9,7 +9,9 @@ Five charts, each left out with a one-line reason when the run lacks its data:
 - length: prefill time and decode time per token against prompt length (length-sweep rows), one line
   per variant, dashed by attention kind;
 - explain: per explained pair and phase, B − A in ms/token stacked by operator category.
-A point whose cell is missing, a problem or not finite is skipped and named in the chart's notes.
+A point whose cell is missing, a problem or not finite is skipped and named in the chart's notes; so is a
+variant without figures, with its status and reason ("skipped int4: not reached — the run ended before its
+build").
 """
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ def _finite(x) -> bool:
 def why_missing(c: Comparison, row: Row, variant: str) -> str:
     """Why `variant` has no point on `row`, in a few words."""
     if c.status.get(variant) != "ok":
-        return f"{c.status.get(variant) or 'not run'}" + (f" ({c.reasons[variant]})" if c.reasons.get(variant) else "")
+        why = c.reasons.get(variant)
+        return f"{c.status.get(variant) or 'not run'}" + (f" — {why}" if why else "")
     e = row.cells.get(variant)
     if e is None:
         return "not measured"

@@ -159,8 +159,10 @@ def unstable_shown(c: Comparison, rows: list[Row]) -> bool:
 
 
 def status_lines(c: Comparison, rows: list[Row] | None = None, full: bool = True) -> list[str]:
-    """Failed variants with their reasons, the rounds, the noise, the ⚠ mark's legend when a row shown
-    carries it, where artifacts came from (reused or rebuilt, and why), then (full) builds, warnings and notes."""
+    """Each variant without figures, with its status and reason (failed or unsupported; or not measured:
+    the run was interrupted before it, or ended before it), the rounds, the noise, the ⚠ mark's legend when
+    a row shown carries it, where artifacts came from (reused or rebuilt, and why), then (full) builds,
+    warnings and notes."""
     rows = visible_rows(c) if rows is None else rows
     lines = [f"{v}: {c.status[v]} — {c.reasons.get(v) or 'no reason given'}"
              for v in c.variants if c.status.get(v) != "ok"]

@@ -5,8 +5,10 @@ report/stored.py) and the recommendation's JSON (advise, or None) and returns th
 The page opens offline: plotly.js is inlined once in the head, there is no CDN, font or stylesheet
 link, and a Content-Security-Policy forbids every fetch (scripts and styles inline only).
 Every figure comes from the stored run; a chart the run has no data for is left out with a line
-saying why, and points that cannot be drawn (failed variants, problem or non-finite cells) are
-named under their chart (report/charts.py).
+saying why, and points that cannot be drawn (failed or unmeasured variants, problem or non-finite
+cells) are named under their chart (report/charts.py). A variant's cells that have no figure read its
+status: a failure's in red, a variant the run never measured ("not measured (interrupted)", "not
+reached") in grey; the reason on hover.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import html
 import re
 from dataclasses import dataclass, field, replace
 
-from ..measure.analysis import Comparison, Row
+from ..measure.analysis import Comparison, Row, never_measured
 from ..measure.stats import Estimate
 from .charts import Chart, all_charts
 from .format import delta_columns, fmt_delta, fmt_estimate, header, status_lines, verdict, visible_rows
@@ -37,7 +39,7 @@ table.comparison tr.group th { background: #eef2f6; text-align: left; font-weigh
 table.comparison tr.headline td:first-child { font-weight: 600; }
 td.better { color: #116329; background: #eaf7ee; } td.worse { color: #a40e26; background: #fdecee; }
 td.same, td.negligible { color: #6e7781; } td.problem { color: #9a6700; font-size: 12px; }
-td.failed { color: #a40e26; font-style: italic; }
+td.failed { color: #a40e26; font-style: italic; } td.unmeasured { color: #6e7781; font-style: italic; }
 span.why { color: #8c959f; font-size: 11px; }
 .notes { color: #57606a; font-size: 13px; } .notes li { margin: 2px 0; }
 .left-out { color: #6e7781; font-style: italic; }
@@ -89,8 +91,9 @@ def table_html(c: Comparison) -> str:
 def _row_html(c: Comparison, r: Row) -> str:
     cells = [f'<td title="{_e(r.key)}">{_e(r.label)}</td>']
     for v in c.variants:
-        if c.status.get(v) != "ok":
-            cells.append(f'<td class="failed" title="{_e(c.reasons.get(v) or "")}">{_e(c.status.get(v) or "—")}</td>')
+        if c.status.get(v) != "ok":   # a variant the run never measured is grey, not a failure's red
+            kind = "unmeasured" if never_measured(c.status.get(v)) else "failed"
+            cells.append(f'<td class="{kind}" title="{_e(c.reasons.get(v) or "")}">{_e(c.status.get(v) or "—")}</td>')
             continue
         cells.append(_cell_html(r.cells.get(v), r.checks_stability))
     for v in delta_columns(c):

@@ -82,6 +82,13 @@ def _stored_options(recipe_name: str, stored) -> dict | None:
         return stored
 
 
+def copied_bytes(source: str | Path) -> int:
+    """Bytes of the checkpoint's files an artifact copies beside its weights (tokenizer, generation settings):
+    what an artifact's estimate (artifact_size.py) adds to its weights file."""
+    source = Path(source)
+    return sum((source / f).stat().st_size for f in _SOURCE_FILES if (source / f).is_file())
+
+
 def source_fingerprint(model_dir: str | Path) -> dict:
     """What identifies a checkpoint's weights without reading them: per weight file its size,
     mtime and the sha256 of its safetensors header; and the sha256 of config.json."""

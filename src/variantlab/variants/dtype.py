@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .artifact_size import FLOAT_WIDTHS, CheckpointWeights
 from .facts import VariantFacts
 from .recipe import NoOptions, cast_parameters, resident_bytes, weight_facts
 
@@ -37,6 +38,10 @@ class DtypeRecipe:
 
     def load_dtype(self, options) -> object:
         return self.torch_dtype
+
+    def artifact_bytes(self, options, weights: CheckpointWeights) -> int:
+        """The weights file, estimated before building (artifact_size.py): every tensor at this dtype's width."""
+        return weights.at_width(FLOAT_WIDTHS[self.name])
 
     def apply(self, model, options, device: str, context=None) -> VariantFacts:
         cast_parameters(model, self.torch_dtype)  # loading already gave this dtype; keeps RoPE in fp32

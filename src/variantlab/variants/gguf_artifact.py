@@ -34,7 +34,7 @@ from .facts import VariantFacts
 from .page_cache import as_read_from_disk
 
 FORMAT = "variantlab-gguf-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2     # 2: the checkpoint tokenizer's class pinned in the copy (_copy_tokenizer)
 GGUF_FILE = "model.gguf"
 META_FILE = "variant.json"
 TOKENIZER_OWN = "the GGUF's own (llama.cpp)"
@@ -115,9 +115,23 @@ def _make(source: Path, gguf_type: str, out: Path, tmp: Path, threads: int, conv
 
 
 def _copy_tokenizer(source: Path, into: Path) -> None:
+    """The checkpoint's tokenizer files, and the class its tokenizer loads as pinned in tokenizer_config.json:
+    transformers picks a class by config.json's model type where that file names none, and for some model types
+    (qwen2) whatever it names, so a qwen2 checkpoint loads as Qwen2Tokenizer, which rebuilds Qwen2's pipeline;
+    a GGUF folder has no config.json, so the same files would load as the class they name (TokenizersBackend),
+    which can split a text into other ids. Pinned, the GGUF's prompts are the baseline's ids."""
     for f in _SOURCE_FILES:
         if (source / f).is_file():
             shutil.copyfile(source / f, into / f)
+    from transformers import AutoTokenizer
+    try:
+        cls = type(AutoTokenizer.from_pretrained(source, local_files_only=True)).__name__
+    except (OSError, ValueError):      # no tokenizer to pin (the backend then runs on the GGUF's own)
+        return
+    path = into / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if config.get("tokenizer_class") != cls:
+        path.write_text(json.dumps(config | {"tokenizer_class": cls}, indent=2), encoding="utf-8")
 
 
 def describe(gguf: Path, tokenizer: str) -> VariantFacts:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from ..errors import RecipeError
+from .artifact_size import ArtifactSize, CheckpointWeights
 
 LLAMA_CPP_VERSION = "0.3.36"
 INSTALL = "bash scripts/install_llamacpp.sh"      # the extra: README, docs/runtimes.md
@@ -36,6 +37,19 @@ QUANTIZED = {"Q8_0": "MOSTLY_Q8_0", "Q6_K": "MOSTLY_Q6_K", "Q5_K_M": "MOSTLY_Q5_
              "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "IQ4_XS": "MOSTLY_IQ4_XS", "IQ4_NL": "MOSTLY_IQ4_NL",
              "Q3_K_L": "MOSTLY_Q3_K_L", "Q3_K_M": "MOSTLY_Q3_K_M", "Q3_K_S": "MOSTLY_Q3_K_S", "Q2_K": "MOSTLY_Q2_K"}
 GGUF_TYPES = (*CONVERTED, *QUANTIZED)
+
+# Bits a weight of each type as llama.cpp writes it (ggml's blocks: Q8_0 is 32 int8 + an f16 scale, 8.5 bits;
+# the K-quants' super-blocks hold 256), for the disk a build takes (`estimate`): (a 2-D weight's bits, its bits
+# when 256 does not divide its rows, which llama.cpp writes in a fallback type: Q4_K → Q5_0, Q5_K → Q5_1,
+# Q6_K → Q8_0, Q2_K/Q3_K/IQ4_XS → IQ4_NL). A type that mixes (Q4_K_M: Q6_K for about half of attn_v and
+# ffn_down) is at its mix's mean, a little above llama.cpp's own figure for a 7B Llama.
+BITS: dict[str, tuple[float, float]] = {
+    "F32": (32, 32), "F16": (16, 16), "BF16": (16, 16), "Q8_0": (8.5, 8.5), "Q6_K": (6.5625, 8.5),
+    "Q5_K_M": (5.75, 6.3), "Q5_K_S": (5.55, 6.05), "Q5_0": (5.5, 5.5), "Q5_1": (6, 6), "Q4_K_M": (4.85, 5.9),
+    "Q4_K_S": (4.6, 5.6), "Q4_0": (4.5, 4.5), "Q4_1": (5, 5), "IQ4_XS": (4.25, 4.5), "IQ4_NL": (4.5, 4.5),
+    "Q3_K_L": (4.3, 4.7), "Q3_K_M": (3.9, 4.6), "Q3_K_S": (3.5, 4.5), "Q2_K": (3.0, 4.5)}
+SUPER_BLOCK = 256
+OUTPUT_BITS = (6.5625, 8.5)   # the output head (the embedding where tied) of a quantized type: Q6_K, else Q8_0
 
 
 def accepted_types() -> str:
@@ -99,6 +113,28 @@ def linear_params(tensors: dict[str, dict]) -> int:
     tied = "output.weight" not in tensors
     return sum(math.prod(t["shape"]) for name, t in tensors.items()
                if len(t["shape"]) == 2 and (tied or name != "token_embd.weight"))
+
+
+def estimate(gguf_type: str, weights: CheckpointWeights, metadata_bytes: int = 0) -> ArtifactSize:
+    """The GGUF of `gguf_type` made from a checkpoint of these tensors, estimated before it is made (BITS): 1-D
+    tensors stay F32 (as the converter writes norms and biases), the output head of a quantized type (the
+    embedding, where tied) takes Q6_K, or Q8_0 where 256 does not divide its rows (Q8_0 stays Q8_0), every other
+    weight its type's bits; `metadata_bytes` is the vocabulary and merges it carries (about its tokenizer files).
+    A quantized type is made from the converter's F32 output, which lies beside it until the quantizer is done:
+    the build's transient bytes."""
+    bits, short = BITS[gguf_type]
+    output = weights.head or weights.embedding
+
+    def tensor_bits(name: str, shape: tuple[int, ...]) -> float:
+        if len(shape) < 2:
+            return 32
+        undivided = shape[-1] % SUPER_BLOCK != 0
+        if name == output and gguf_type in QUANTIZED:
+            return max(short if undivided else bits, OUTPUT_BITS[undivided])
+        return short if undivided else bits
+    total = sum(math.prod(s) * tensor_bits(n, s) for n, s in weights.shapes.items()) / 8
+    f32 = weights.parameters * 4 + metadata_bytes
+    return ArtifactSize(math.ceil(total) + metadata_bytes, f32 if gguf_type in QUANTIZED else 0)
 
 
 def _run_child(args: list[str], out: Path, timeout_s: float = 3600.0) -> Path:

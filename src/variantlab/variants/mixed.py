@@ -66,6 +66,7 @@ from pydantic import Field, field_validator
 from ..errors import RecipeError
 from ..spec_model import SpecModel
 from .linear_widths import architecture, quantized_in_features, undivided
+from .artifact_size import FLOAT_WIDTHS, CheckpointWeights, int4_bytes, int8_bytes
 from .quant import _facts, _features, _kernel_probe, _require_kernel, _targets
 from .calibration import SensitivityProbe, calibration_set
 from .facts import VariantFacts
@@ -130,6 +131,20 @@ class MixedRecipe:
     def load_dtype(self, options):
         import torch
         return getattr(torch, _DTYPES[options.compute_dtype])
+
+    def artifact_bytes(self, options: MixedOptions, weights: CheckpointWeights) -> int:
+        """The weights file, estimated before building (artifact_size.py): which layers end at which width is
+        known only once calibrated, so every linear at its widest candidate (an upper bound; a layer whose
+        in_features the group does not divide at 8 bits where 4 is the widest), the rest in the compute dtype."""
+        width, widest = FLOAT_WIDTHS[options.compute_dtype], options.candidates[0]
+
+        def linear(shape) -> int:
+            if widest == 16:
+                return shape[0] * shape[1] * width
+            if widest == 8 or (shape[1] % options.group_size and not options.pad_to_group):
+                return int8_bytes(shape, width)
+            return int4_bytes(shape, options.group_size, width)
+        return weights.quantized(linear, width)
 
     def apply(self, model, options: MixedOptions, device: str, context: BuildContext | None = None) -> VariantFacts:
         import torch

@@ -26,6 +26,7 @@ from typing import Literal
 
 from ..errors import RecipeError, UnsupportedOnHardware
 from ..spec_model import SpecModel
+from .artifact_size import FLOAT_WIDTHS, CheckpointWeights, int4_bytes, int8_bytes
 from .linear_widths import architecture, by_width, quantized_in_features, undivided
 from .facts import VariantFacts
 from .recipe import cast_parameters, resident_bytes, weight_facts
@@ -86,6 +87,16 @@ class QuantRecipe:
     def load_dtype(self, options):
         import torch
         return getattr(torch, _DTYPES[options.compute_dtype])
+
+    def artifact_bytes(self, options, weights: CheckpointWeights) -> int:
+        """The weights file, estimated before building (artifact_size.py): each linear in int4 groups or int8 rows
+        (2:4 sparse stores less than int8 rows), what the options name (the LM head, the embeddings) with them,
+        the rest in the compute dtype."""
+        width = FLOAT_WIDTHS[options.compute_dtype]
+        linear = ((lambda s: int4_bytes(s, options.group_size, width)) if self.grouped
+                  else (lambda s: int8_bytes(s, width)))
+        return weights.quantized(linear, width, lm_head=options.quantize_lm_head,
+                                 embeddings=options.quantize_embeddings)
 
     def apply(self, model, options, device: str, context=None) -> VariantFacts:
         from . import quant_linear as ql

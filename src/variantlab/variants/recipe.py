@@ -42,6 +42,10 @@ class Recipe(Protocol):
     def apply(self, model: Any, options: BaseModel, device: str, context: BuildContext | None = None) -> VariantFacts:
         """Convert the loaded model in place; return facts about the result."""
 
+    def artifact_bytes(self, options: BaseModel, weights: Any) -> int:
+        """The bytes its artifact's weights file will take for a checkpoint of these tensors
+        (artifact_size.CheckpointWeights), estimated before building: the disk budget reads it."""
+
 
 def weight_facts(model) -> tuple[int, int]:
     """(parameters, bytes) of a model's persistent state as stored (its state_dict); tied tensors count once."""

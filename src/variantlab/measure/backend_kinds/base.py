@@ -67,6 +67,10 @@ class BackendKind:
     artifact_problem: Callable[[Path, Any, Path, Any], str | None] | None = None
     torch_model: bool = True                      # its model is our torch modules: trackers that read them run
     runtime: str = "torch"                        # what the table says the variant runs on
+    # (VariantDefinition, its checkpoint) → its artifact's ArtifactSize (variants/artifact_size.py), estimated from
+    # the checkpoint's safetensors headers without building: the disk budget reads it (measure/disk_budget.py).
+    # None: a backend whose artifacts are not estimated (the budget names the variant).
+    artifact_size: Callable[[Any, Path], Any] | None = None
 
     def plan_variant(self, spec, base_dir: Path, file: str, field: str):
         """The variant's definition where this backend plans it (its `plan` hook, or a backend that builds

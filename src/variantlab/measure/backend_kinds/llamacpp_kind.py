@@ -84,6 +84,22 @@ def artifact_problem_llamacpp(artifact: Path, definition, source: Path, plan) ->
     return gguf_problem(artifact, config, config.get("checkpoint", source))
 
 
+def llamacpp_artifact_size(definition, source: Path):
+    """The artifact's disk, estimated before building: a GGUF made from the checkpoint (gguf_convert.estimate;
+    its F32 intermediate lies beside it while the quantizer runs), with the checkpoint's tokenizer files copied
+    beside it; a user's GGUF is referenced, not copied, and costs only those files."""
+    from ...variants.artifact import copied_bytes
+    from ...variants.artifact_size import META_BYTES, ArtifactSize, read_weights
+    from ...variants.gguf_convert import estimate
+    config = definition.backend_config
+    checkpoint = Path(config.get("checkpoint", source))
+    copied = copied_bytes(checkpoint) if checkpoint.is_dir() else 0
+    if not config.get("gguf_type"):
+        return ArtifactSize(copied + META_BYTES)
+    gguf = estimate(config["gguf_type"], read_weights(checkpoint), metadata_bytes=copied)
+    return ArtifactSize(gguf.bytes + copied + META_BYTES, gguf.transient)
+
+
 def llamacpp_fingerprint(threads: int, seed: int) -> dict:
     """A llama.cpp worker's environment: llama-cpp-python's version and the instruction sets its build uses."""
     from importlib import metadata
@@ -143,4 +159,4 @@ LLAMACPP = BackendKind(
     f"llama.cpp's tools), or model: a .gguf file; needs `{INSTALL}`", open_llamacpp, takes=("model",),
     fields=FIELDS, refusal="a GGUF is built by llama.cpp's tools, not by our recipes", check=check_llamacpp,
     build=build_llamacpp, plan=plan_llamacpp, artifact_problem=artifact_problem_llamacpp, torch_model=False,
-    runtime="llama.cpp")
+    runtime="llama.cpp", artifact_size=llamacpp_artifact_size)

@@ -113,5 +113,19 @@ def build_torch(job):
                        timings=meta["build"], environment=torch_fingerprint(device, job.seed)), {}
 
 
+def torch_artifact_size(definition, source: Path):
+    """The artifact's disk, estimated before building: the weights file as the recipe lays it out (its
+    `artifact_bytes`; one without: every tensor in fp32, the widest a recipe stores), the checkpoint's tokenizer
+    files copied beside it, variant.json."""
+    from ...variants.artifact import copied_bytes
+    from ...variants.artifact_size import META_BYTES, ArtifactSize, read_weights
+    from ...variants.registry import get_recipe, parse_options
+    recipe, weights = get_recipe(definition.recipe), read_weights(source)
+    estimate = getattr(recipe, "artifact_bytes", None)
+    weights_file = (estimate(parse_options(recipe, definition.options), weights) if estimate is not None
+                    else weights.at_width(4))
+    return ArtifactSize(weights_file + copied_bytes(source) + META_BYTES)
+
+
 TORCH = BackendKind("torch", "built and run here", open_torch, takes=BUILD_FIELDS, build=build_torch,
-                    our_kernels=True, serves=True)
+                    our_kernels=True, serves=True, artifact_size=torch_artifact_size)

@@ -1,24 +1,28 @@
-"""Teacher-forced scoring: next-token distributions over the evaluation text, against the baseline.
+"""Teacher-forced scoring: next-token distributions over the evaluation text, against the baseline's.
 
-The first `samples` samples (prompt + " " + answer) are scored in one forward each. What travels
-back is data: the log-probabilities and targets as a content-addressed blob (safetensors bytes),
-plus the totals for perplexity and bits per byte. Comparisons with the baseline (KLD mean and p99,
-top-1 agreement, PPL ratio, and the perplexity's delta) need both sides to have tokenized the text
-identically (`same_split`): the tokenizer's fingerprint is what it *does* — its class and the token
-ids of the evaluation text — not a hash of its files (transformers picks the tokenizer class by
-model type, so one tokenizer.json can split text two ways). Bits per byte count only the bytes
-that were predicted. Non-finite logits are reported with where they start, never summed into a figure.
-Deterministic: measured once per variant.
+The first `samples` samples (prompt + " " + answer) are scored one text at a time. The baseline's
+distributions are written once per run into the run's reference (measure/reference.py) by a job of their own
+before the rounds (`writes_reference`); every variant's worker, the baseline's own included, then compares its
+distributions with the reference there, text by text, and returns figures only: KLD mean and p99, top-1
+agreement, its NLL (for perplexity, the PPL ratio and bits per byte). No record carries a distribution, so a
+record stays small whatever the vocabulary, and KLD stays exact (float32 rows as computed, compared in
+float64). A variant whose backend takes the checkpoint tokenizer's ids (`vocabulary_source` "checkpoint": our engine,
+a GGUF built from the checkpoint) is scored on the reference's token ids, the baseline's own split, so its
+positions are the baseline's by construction; a variant with a vocabulary of its own (a user's GGUF) splits the
+text itself, and is compared only where it split it exactly as the baseline did (`same_split`, by token ids).
+Bits per byte count only the bytes that were predicted. Non-finite logits are reported with where they start,
+never summed into a figure. Deterministic: measured once per variant.
 
 Through an endpoint (a backend with `topk_scoring`, backends/openai_http.py), only the top-k
-log-probabilities of each position come back, by token text: the blob is JSON (the log-probability of
-each token that came, and each position's top-k texts → log-probabilities), and the comparison with a
-local baseline (whose output carries its vocabulary's texts, backends/token_texts.py, when the plan has an
-endpoint variant: `token_texts`) is *truncated*:
+log-probabilities of each position come back, by token text, and the comparison with the local baseline
+(whose reference then carries its vocabulary's texts, backends/token_texts.py: `token_texts`) is *truncated*:
 KL(baseline ‖ variant) over the tokens the endpoint named, the rest of both distributions lumped into
 one bucket (measure/accuracy.truncated_kl_per_position: at most the full KLD), and top-1 agreement by
 token text. The split is checked by the texts of the tokens (`text_fingerprint`): the same texts at
 every position, hence the same number of positions. A backend that gives neither says why (NotMeasured).
+
+Records written before the reference (variantlab before issue 49) carry the whole distributions as a blob
+(`logprobs_blob`); `compare` still reads them.
 """
 from __future__ import annotations
 
@@ -27,10 +31,14 @@ import json
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import accuracy as acc
+from ..reference import Reference, ReferenceMissing, ReferenceWriter, ids_fingerprint, open_reference
 from ..tracker import MetricDef, NotMeasured, Output, Problem, TrackerBase
 
 TOP_K = 20                          # log-probabilities asked of an endpoint per position
+VERSUS = ("kld_mean", "kld_p99", "top1_agreement", "ppl_ratio")
 
 
 class ScoringOutput(Output):
@@ -38,15 +46,22 @@ class ScoringOutput(Output):
     positions: int
     nll_nats: float | None          # None when some logits were not finite
     n_bytes: int                    # UTF-8 bytes that were predicted
-    tokenizer_fingerprint: str      # class + token ids of the evaluation text
+    tokenizer_fingerprint: str      # the token ids of the evaluation text (before issue 49: class + ids)
     tokenizer_class: str
-    logprobs_blob: str | None       # sha256 of safetensors {"logprobs": (P, V) f32, "targets": (P,) i64};
-                                    # top-k: of JSON {"targets": [P floats], "top": [P {text: logprob}]}
+    logprobs_blob: str | None = None    # records before the reference only: sha256 of safetensors
+                                        # {"logprobs": (P, V) f32, "targets": (P,) i64}, or an endpoint's JSON top-k
     nonfinite: str | None = None    # "NaN logits from position 37 of text 2"
     text_fingerprint: str | None = None     # the texts of the evaluation text's tokens (an endpoint's split)
-    vocabulary_blob: str | None = None      # sha256 of JSON [every id's text] (a local variant's)
+    vocabulary_blob: str | None = None      # records before the reference only: JSON [every id's text]
     top_k: int | None = None                # set: the endpoint's top-k log-probabilities only (module doc)
     mismatch: str | None = None             # the endpoint's tokens do not spell the text
+    # against the run's reference (measure/reference.py), computed in the worker:
+    reference: str | None = None            # the id of the reference these figures were compared against
+    split: str | None = None                # "reference": scored on the baseline's token ids; "own": on its own
+    kld_mean: float | None = None
+    kld_p99: float | None = None
+    top1_agreement: float | None = None
+    versus: str | None = None               # why there are no figures against the baseline ("not comparable: …")
 
     @property
     def problem(self) -> Problem | None:
@@ -55,6 +70,7 @@ class ScoringOutput(Output):
 
 
 def fingerprint(tokenizer_class: str, token_ids) -> str:
+    """The split of records before the reference: the tokenizer's class and the ids (now: the ids alone)."""
     h = hashlib.sha256(tokenizer_class.encode())
     for ids in token_ids:
         h.update(b"|" + ",".join(map(str, ids)).encode())
@@ -81,9 +97,13 @@ def same_split(base: ScoringOutput, var: ScoringOutput) -> Problem | None:
                        "compare bits per byte and task accuracy")
     if var.tokenizer_fingerprint == base.tokenizer_fingerprint:
         return None
-    return Problem(f"not comparable: {var.tokenizer_class} split the evaluation text differently from the "
-                   f"baseline's {base.tokenizer_class} (fingerprint {var.tokenizer_fingerprint} vs "
-                   f"{base.tokenizer_fingerprint}); compare bits per byte and task accuracy")
+    return Problem(_split_differs(var.tokenizer_class, base.tokenizer_class, var.tokenizer_fingerprint,
+                                  base.tokenizer_fingerprint))
+
+
+def _split_differs(var_class: str, base_class: str, var_fp: str, base_fp: str) -> str:
+    return (f"not comparable: {var_class} split the evaluation text differently from the baseline's {base_class} "
+            f"(token ids {var_fp} vs {base_fp}); compare bits per byte and task accuracy")
 
 
 def _fact(value):
@@ -95,16 +115,45 @@ def _fact(value):
     return samples
 
 
+class _Against:
+    """A variant's distributions compared with the reference's, text by text: KL per position and top-1."""
+
+    def __init__(self, reference: Reference):
+        self.reference = reference
+        self.kl: list[np.ndarray] = []
+        self.agree = 0
+
+    def add(self, i: int, logprobs) -> None:
+        base = self.reference.rows(i)
+        self.kl.append(acc.kl_divergence_per_position(base, logprobs))
+        self.agree += int(np.sum(np.argmax(base, axis=1) == np.argmax(logprobs, axis=1)))
+
+    def add_topk(self, i: int, vocabulary: list[str], top) -> None:
+        base = self.reference.rows(i)
+        self.kl.append(acc.truncated_kl_per_position(base, vocabulary, top))
+        best = np.argmax(base, axis=1)
+        self.agree += sum(bool(t) and vocabulary[int(b)] == max(t, key=t.get) for b, t in zip(best, top))
+
+    def figures(self) -> dict:
+        kl = np.concatenate(self.kl) if self.kl else np.zeros(0)
+        if kl.size == 0:
+            return {"versus": "no positions to compare"}
+        k = acc.kl_summary(kl)
+        return {"reference": self.reference.id, "kld_mean": k["mean"], "kld_p99": k["p99"],
+                "top1_agreement": self.agree / kl.size}
+
+
 @dataclass(frozen=True)
 class Scoring(TrackerBase):
     samples: int = 32
-    token_texts: bool = False       # a local variant's output carries its token texts (a plan with an endpoint)
+    token_texts: bool = False       # the reference carries its vocabulary's texts (a plan with an endpoint)
     kind = "scoring"
     needs_local_model = False       # an endpoint with top-k log-probabilities is scored too (module doc)
     remote_reason = ("teacher-forced scoring (KLD, top-1 agreement, PPL) needs the model's logits or, from an "
                      "endpoint, its top-k log-probabilities, and this backend gives neither")
     name = "scoring"
     once = True
+    writes_reference = True         # the runner's reference job hosts this tracker alone (measure/reference.py)
     output_model = ScoringOutput
 
     def config(self) -> dict:
@@ -127,99 +176,123 @@ class Scoring(TrackerBase):
                       _fact(lambda o: acc.bits_per_byte(o.nll_nats, o.n_bytes) if o.n_bytes else None)),
         )
 
+    def texts(self, samples) -> list[str]:
+        """The evaluation texts: the first `samples` samples, prompt and answer."""
+        return [s["prompt"] + " " + s["answer"] for s in samples[:self.samples]]
+
     def run(self, ctx) -> ScoringOutput:
-        texts = [s["prompt"] + " " + s["answer"] for s in ctx.samples[:self.samples]]
+        texts = self.texts(ctx.samples)
         caps = ctx.backend.capabilities
+        if getattr(ctx, "writes_reference", False):
+            if not caps.scoring:
+                raise NotMeasured("the baseline's reference needs its full next-token distributions")
+            return self._write_reference(ctx, texts)
+        reference, why = _reference(ctx, texts)
         if caps.scoring:
-            return self._run_full(ctx, texts)
+            return self._run_full(ctx, texts, reference, why)
         if caps.topk_scoring:
-            return self._run_topk(ctx, texts)
+            return self._run_topk(ctx, texts, reference, why)
         raise NotMeasured(self.remote_reason)
 
-    def _run_full(self, ctx, texts: list[str]) -> ScoringOutput:
-        import numpy as np
-        from safetensors.numpy import save
+    def _write_reference(self, ctx, texts: list[str]) -> ScoringOutput:
+        """The baseline's distributions, text by text, into the run's reference (ctx.reference_dir)."""
+        backend = ctx.backend
+        writer = ReferenceWriter(ctx.reference_dir, texts, getattr(backend, "tokenizer_class", ""))
+        nll, ids_all = 0.0, []
+        try:
+            for i, text in enumerate(texts):
+                s = backend.score([text])[0]
+                if s.first_nonfinite is not None:
+                    writer.abandon()
+                    return _output(texts, ids_all, backend, nonfinite=f"NaN or inf logits from position "
+                                                                      f"{s.first_nonfinite} of text {i}")
+                nll += _nll(s)
+                ids_all.append(s.token_ids)
+                writer.add(s.token_ids, s.n_bytes, s.logprobs)
+                ctx.progress("reference", (i + 1) / len(texts))
+        except BaseException:
+            writer.abandon()
+            raise
+        split, vocabulary = _token_texts(backend, ids_all, self.token_texts)
+        ref_id = writer.finish(nll, split, vocabulary)
+        reference = open_reference(ctx.reference_dir, texts)
+        return _output(texts, ids_all, backend, nll=nll, n_bytes=sum(t.n_bytes for t in reference.texts),
+                       reference=ref_id, split="reference", text_fingerprint=split, kld_mean=0.0, kld_p99=0.0,
+                       top1_agreement=1.0)
 
-        scored = ctx.backend.score(texts)
-        nonfinite = next((f"NaN or inf logits from position {s.first_nonfinite} of text {i}"
-                          for i, s in enumerate(scored) if s.first_nonfinite is not None), None)
-        logprobs = np.concatenate([s.logprobs for s in scored])
-        targets = np.concatenate([s.targets for s in scored])
-        nll = None
-        if nonfinite is None:
-            nll = float(-logprobs[np.arange(len(targets)), targets].astype(np.float64).sum())
-        blob = ctx.add_blob(save({"logprobs": np.ascontiguousarray(logprobs, dtype=np.float32),
-                                  "targets": np.ascontiguousarray(targets, dtype=np.int64)}))
-        cls = getattr(ctx.backend, "tokenizer_class", "")
-        texts_fp, vocab_blob = self._token_texts(ctx, scored, logprobs.shape[1]) if self.token_texts else (None, None)
-        return ScoringOutput(texts=len(texts), positions=int(len(targets)), nll_nats=nll,
-                             n_bytes=int(sum(s.n_bytes for s in scored)),
-                             tokenizer_fingerprint=fingerprint(cls, [s.token_ids for s in scored]),
-                             tokenizer_class=cls, logprobs_blob=blob, nonfinite=nonfinite,
-                             text_fingerprint=texts_fp, vocabulary_blob=vocab_blob)
+    def _run_full(self, ctx, texts: list[str], reference: Reference | None, why: str | None) -> ScoringOutput:
+        """Each text scored (on the reference's ids where the backend takes the checkpoint's) and compared."""
+        backend = ctx.backend
+        on_ids = (reference is not None and getattr(backend, "vocabulary_source", "own") == "checkpoint"
+                  and hasattr(backend, "score_ids") and len(reference.texts) == len(texts))
+        against = _Against(reference) if reference is not None else None
+        nll, n_bytes, ids_all = 0.0, 0, []
+        for i, text in enumerate(texts):
+            s = (backend.score_ids(reference.texts[i].ids, reference.texts[i].n_bytes) if on_ids
+                 else backend.score([text])[0])
+            if s.first_nonfinite is not None:
+                return _output(texts, ids_all, backend, nonfinite=f"NaN or inf logits from position "
+                                                                  f"{s.first_nonfinite} of text {i}")
+            nll += _nll(s)
+            n_bytes += s.n_bytes
+            ids_all.append(s.token_ids)
+            if against is not None and tuple(s.token_ids) != reference.texts[i].ids:
+                against = None          # its own split differs from the baseline's: nothing to compare
+            if against is not None:
+                against.add(i, s.logprobs)
+            ctx.progress("scoring", (i + 1) / len(texts))
+        if reference is not None and against is None:
+            why = _split_differs(getattr(backend, "tokenizer_class", ""), reference.tokenizer_class,
+                                 ids_fingerprint(ids_all), reference.ids_fingerprint)
+        figures = against.figures() if against is not None else {"versus": why}
+        split, _ = _token_texts(backend, ids_all, self.token_texts)
+        return _output(texts, ids_all, backend, nll=nll, n_bytes=n_bytes, text_fingerprint=split,
+                       split="reference" if on_ids else "own", **figures)
 
-    @staticmethod
-    def _token_texts(ctx, scored, vocab_size: int) -> tuple[str | None, str | None]:
-        """A local variant's token texts, for an endpoint's comparison with it: the fingerprint of its split
-        by text, and its vocabulary's texts as a blob (None, None where the backend has no HF tokenizer)."""
-        from ...backends.token_texts import token_texts, vocabulary_texts
-        tokenizer = getattr(ctx.backend, "tokenizer", None)   # a Hugging Face tokenizer, where the backend has one
-        if tokenizer is None or not hasattr(tokenizer, "batch_decode"):
-            return None, None
-        split = text_fingerprint(token_texts(tokenizer, s.token_ids) for s in scored)
-        vocabulary = json.dumps(vocabulary_texts(tokenizer, vocab_size), ensure_ascii=False).encode()
-        return split, ctx.add_blob(vocabulary)
-
-    def _run_topk(self, ctx, texts: list[str]) -> ScoringOutput:
+    def _run_topk(self, ctx, texts: list[str], reference: Reference | None, why: str | None) -> ScoringOutput:
         from ...backends.base import TopkUnavailable
         try:
             scored = ctx.backend.score_topk(texts, TOP_K)
         except TopkUnavailable as e:
             raise NotMeasured(f"the endpoint returned no prompt log-probabilities for KLD and top-1 ({e})") from None
         targets = [v for s in scored for v in s.target_logprobs]
-        top = [t for s in scored for t in s.top]
         mismatch = next((f"text {i}: {s.mismatch}" for i, s in enumerate(scored) if s.mismatch), None)
-        blob = ctx.add_blob(json.dumps({"targets": targets, "top": top}, ensure_ascii=False).encode())
         split = text_fingerprint(s.tokens for s in scored)
+        figures: dict = {"versus": why}
+        if reference is not None and mismatch is None:
+            if reference.text_fingerprint is None or not reference.has_vocabulary:
+                figures = {"versus": "not comparable: the baseline's reference has no token texts to match the "
+                                     "endpoint's top-k by"}
+            elif split != reference.text_fingerprint:
+                figures = {"versus": f"not comparable: the endpoint's tokens of the evaluation text are not the "
+                                     f"baseline's, position for position (token texts {split} vs "
+                                     f"{reference.text_fingerprint}); compare bits per byte and task accuracy"}
+            else:
+                against, vocabulary = _Against(reference), reference.vocabulary()
+                for i, s in enumerate(scored):
+                    against.add_topk(i, vocabulary, s.top)
+                figures = against.figures()
         return ScoringOutput(texts=len(texts), positions=len(targets), nll_nats=-math.fsum(targets),
                              n_bytes=sum(s.n_bytes for s in scored), tokenizer_fingerprint=f"endpoint:{split}",
-                             tokenizer_class="endpoint", logprobs_blob=blob, text_fingerprint=split, top_k=TOP_K,
-                             mismatch=mismatch)
+                             tokenizer_class="endpoint", text_fingerprint=split, top_k=TOP_K, mismatch=mismatch,
+                             **figures)
 
     def compare(self, base: ScoringOutput, var: ScoringOutput, blobs) -> dict:
-        keys = ("kld_mean", "kld_p99", "top1_agreement", "ppl_ratio")
         if base.top_k is not None:
-            return dict.fromkeys(keys, Problem("not comparable: the baseline is an endpoint with top-k "
-                                               "log-probabilities only; KLD needs a local baseline"))
-        why = same_split(base, var)
-        if why:
-            return dict.fromkeys(keys, why)
+            return dict.fromkeys(VERSUS, Problem("not comparable: the baseline is an endpoint with top-k "
+                                                 "log-probabilities only; KLD needs a local baseline"))
+        if base.logprobs_blob is not None or var.logprobs_blob is not None:
+            return _compare_stored(base, var, blobs)
         problem = var.problem or (Problem(f"baseline: {base.nonfinite}") if base.problem else None)
         if problem:
-            return dict.fromkeys(keys, problem)
-        from safetensors.numpy import load
-        b = load(blobs(base.logprobs_blob))
-        log_ratio = var.nll_nats / var.positions - base.nll_nats / base.positions   # in log space: no overflow
-        ppl_ratio = math.exp(log_ratio) if log_ratio < 700 else math.inf
-        if var.top_k is not None:
-            return self._compare_topk(b["logprobs"], base, var, blobs) | {"ppl_ratio": ppl_ratio}
-        v = load(blobs(var.logprobs_blob))
-        k = acc.kld_summary(b["logprobs"], v["logprobs"])
-        return {"kld_mean": k["mean"], "kld_p99": k["p99"],
-                "top1_agreement": acc.top1_agreement(b["logprobs"], v["logprobs"]),
-                "ppl_ratio": ppl_ratio}
-
-    @staticmethod
-    def _compare_topk(base_logprobs, base: ScoringOutput, var: ScoringOutput, blobs) -> dict:
-        """Truncated KLD and top-1 by text (module doc) of an endpoint's top-k against a local baseline."""
-        if base.vocabulary_blob is None:
-            return dict.fromkeys(("kld_mean", "kld_p99", "top1_agreement"), Problem(
-                "not comparable: the baseline's output has no token texts to match the endpoint's top-k by"))
-        vocabulary = json.loads(blobs(base.vocabulary_blob))
-        top = json.loads(blobs(var.logprobs_blob))["top"]
-        k = acc.kl_summary(acc.truncated_kl_per_position(base_logprobs, vocabulary, top))
-        return {"kld_mean": k["mean"], "kld_p99": k["p99"],
-                "top1_agreement": acc.top1_agreement_by_text(base_logprobs, vocabulary, top)}
+            return dict.fromkeys(VERSUS, problem)
+        if var.versus is not None:
+            return dict.fromkeys(VERSUS, Problem(var.versus))
+        if var.reference is None or var.reference != base.reference:
+            return dict.fromkeys(VERSUS, Problem("not comparable: the variant and the baseline were compared "
+                                                 "against different baseline references"))
+        return {"kld_mean": var.kld_mean, "kld_p99": var.kld_p99, "top1_agreement": var.top1_agreement,
+                "ppl_ratio": _ppl_ratio(base, var)}
 
     def warnings(self, variant: str, output: ScoringOutput) -> list[str]:
         if output.top_k is None:
@@ -227,3 +300,74 @@ class Scoring(TrackerBase):
         return [f"{variant}: KLD and top-1 agreement are from the endpoint's top-{output.top_k} log-probabilities: "
                 f"KL over those tokens (and the one that came), the rest of each distribution lumped into one "
                 f"bucket, a lower bound of the full KLD; tokens matched by text"]
+
+
+def _reference(ctx, texts: list[str]) -> tuple[Reference | None, str | None]:
+    """The run's reference for these texts, or (None, why there is none)."""
+    folder = getattr(ctx, "reference_dir", None)
+    if folder is None:
+        return None, "no baseline reference for this measurement (the baseline's scoring did not run first)"
+    try:
+        return open_reference(folder, texts), None
+    except ReferenceMissing as e:
+        return None, f"no baseline reference: {e}"
+
+
+def _nll(s) -> float:
+    """The summed negative log-likelihood of one scored text's targets, in float64."""
+    lp = s.logprobs
+    return float(-np.asarray(lp[np.arange(len(s.targets)), s.targets], dtype=np.float64).sum())
+
+
+def _output(texts, ids_all, backend, *, nll: float | None = None, n_bytes: int = 0, **fields) -> ScoringOutput:
+    return ScoringOutput(texts=len(texts), positions=sum(max(0, len(i) - 1) for i in ids_all), nll_nats=nll,
+                         n_bytes=n_bytes, tokenizer_fingerprint=ids_fingerprint(ids_all),
+                         tokenizer_class=getattr(backend, "tokenizer_class", ""), **fields)
+
+
+def _token_texts(backend, ids_all, wanted: bool) -> tuple[str | None, list[str] | None]:
+    """A local variant's token texts, for an endpoint's comparison with it: the fingerprint of its split by text
+    and its vocabulary's texts ((None, None) unless wanted, or where the backend has no HF tokenizer)."""
+    from ...backends.token_texts import token_texts, vocabulary_texts
+    tokenizer = getattr(backend, "tokenizer", None)   # a Hugging Face tokenizer, where the backend has one
+    if not wanted or tokenizer is None or not hasattr(tokenizer, "batch_decode"):
+        return None, None
+    split = text_fingerprint(token_texts(tokenizer, ids) for ids in ids_all)
+    vocab_size = getattr(getattr(getattr(backend, "model", None), "config", None), "vocab_size", None) \
+        or getattr(backend, "n_vocab", None) or len(tokenizer)
+    return split, vocabulary_texts(tokenizer, vocab_size)
+
+
+def _ppl_ratio(base: ScoringOutput, var: ScoringOutput) -> float:
+    log_ratio = var.nll_nats / var.positions - base.nll_nats / base.positions   # in log space: no overflow
+    return math.exp(log_ratio) if log_ratio < 700 else math.inf
+
+
+def _compare_stored(base: ScoringOutput, var: ScoringOutput, blobs) -> dict:
+    """The comparison of records written before the reference, which carry their distributions as blobs."""
+    if base.logprobs_blob is None or var.logprobs_blob is None:
+        return dict.fromkeys(VERSUS, Problem("not comparable: the variant and the baseline were scored by "
+                                             "different versions of variantlab"))
+    why = same_split(base, var)
+    if why:
+        return dict.fromkeys(VERSUS, why)
+    problem = var.problem or (Problem(f"baseline: {base.nonfinite}") if base.problem else None)
+    if problem:
+        return dict.fromkeys(VERSUS, problem)
+    from safetensors.numpy import load
+    b = load(blobs(base.logprobs_blob))
+    ppl_ratio = _ppl_ratio(base, var)
+    if var.top_k is not None:
+        if base.vocabulary_blob is None:
+            return dict.fromkeys(("kld_mean", "kld_p99", "top1_agreement"), Problem(
+                "not comparable: the baseline's output has no token texts to match the endpoint's top-k by")) \
+                | {"ppl_ratio": ppl_ratio}
+        vocabulary = json.loads(blobs(base.vocabulary_blob))
+        top = json.loads(blobs(var.logprobs_blob))["top"]
+        k = acc.kl_summary(acc.truncated_kl_per_position(b["logprobs"], vocabulary, top))
+        return {"kld_mean": k["mean"], "kld_p99": k["p99"], "ppl_ratio": ppl_ratio,
+                "top1_agreement": acc.top1_agreement_by_text(b["logprobs"], vocabulary, top)}
+    v = load(blobs(var.logprobs_blob))
+    k = acc.kld_summary(b["logprobs"], v["logprobs"])
+    return {"kld_mean": k["mean"], "kld_p99": k["p99"],
+            "top1_agreement": acc.top1_agreement(b["logprobs"], v["logprobs"]), "ppl_ratio": ppl_ratio}
