@@ -73,7 +73,7 @@ def test_retention_is_the_variants_accuracy_over_the_baselines_on_the_same_sampl
 
 def scoring_host(model, tok, reference, writes=False) -> Host:
     h = host(model, tok)
-    h.reference_dir, h.writes_reference = str(reference), writes
+    h.reference_dir, h.writes_reference, h.same_checkpoint = str(reference), writes, True
     return h
 
 
@@ -115,11 +115,15 @@ def test_scoring_says_why_there_is_no_comparison(tiny_lm, tmp_path):
     engine.vocabulary_source = "own"                        # splits the text itself (a user's GGUF does)
     real_predicted = engine._predicted
     engine._predicted = lambda text: (lambda ids, n: ([ids[0], *ids] , n))(*real_predicted(text))   # another split
-    h = Host(engine, Built(model, tok), SAMPLES, "cpu", None, 0, reference_dir=str(tmp_path))
+    h = Host(engine, Built(model, tok), SAMPLES, "cpu", None, 0, reference_dir=str(tmp_path), same_checkpoint=True)
     own = Scoring(2).run(h)
     assert own.split == "own" and own.versus.startswith("not comparable: ") and own.kld_mean is None
     facts = Scoring(2).compare(made, own, None)
     assert all(isinstance(v, Problem) and "not comparable" in v.text for v in facts.values())
+    # a variant of another checkpoint is never fed the baseline's ids, whatever its backend takes
+    other = Scoring(2).run(Host(TorchEngine(model, tok, "cpu"), Built(model, tok), SAMPLES, "cpu", None, 0,
+                                reference_dir=str(tmp_path), same_checkpoint=False))
+    assert other.split == "own" and other.kld_mean == 0.0      # same tokenizer here: its own split is the baseline's
 
 
 @pytest.mark.model

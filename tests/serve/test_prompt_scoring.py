@@ -82,9 +82,20 @@ def endpoint(url: str, model: str):
         backend.close()
 
 
-def scoring_of(backend, plan):
-    """The scoring tracker's output on `backend` and the blobs it wrote."""
-    host = Host(backend, None, tuple(plan.samples), "cpu", None, 0)
+@pytest.fixture(scope="module")
+def reference(local, plan, tmp_path_factory):
+    """The local fp32's reference (measure/reference.py), with its vocabulary's texts: what the bench's reference
+    job writes before the rounds, and what every scoring below is compared with."""
+    folder = tmp_path_factory.mktemp("reference")
+    Scoring(SAMPLES, token_texts=True).run(Host(local["fp32"], None, tuple(plan.samples), "cpu", None, 0,
+                                                reference_dir=str(folder), writes_reference=True))
+    return folder
+
+
+def scoring_of(backend, plan, reference=None):
+    """The scoring tracker's output on `backend`, compared with the reference, and the blobs it wrote."""
+    host = Host(backend, None, tuple(plan.samples), "cpu", None, 0,
+                reference_dir=str(reference) if reference else None, same_checkpoint=True)
     return Scoring(SAMPLES, token_texts=True).run(host), host.blobs
 
 
@@ -133,10 +144,10 @@ def test_what_is_not_prompt_scoring_is_still_refused(url):
     assert refused({"echo": True, "logprobs": 2, "max_tokens": 0, "n": 2})["param"] == "n"
 
 
-def test_the_endpoints_fp32_matches_the_local_fp32(url, local, plan):
-    base = scoring_of(local["fp32"], plan)
+def test_the_endpoints_fp32_matches_the_local_fp32(url, local, plan, reference):
+    base = scoring_of(local["fp32"], plan, reference)
     with endpoint(url, "fp32") as backend:
-        served = scoring_of(backend, plan)
+        served = scoring_of(backend, plan, reference)
     assert served[0].top_k == 20 and served[0].positions == base[0].positions
     assert served[0].text_fingerprint == base[0].text_fingerprint and served[0].n_bytes == base[0].n_bytes
     rows = versus(base, served)
@@ -145,11 +156,11 @@ def test_the_endpoints_fp32_matches_the_local_fp32(url, local, plan):
     assert "top-20" in Scoring(SAMPLES).warnings("served", served[0])[0]
 
 
-def test_the_top_k_kld_of_a_quantized_variant_is_within_tolerance_of_its_full_kld(url, local, plan):
-    base = scoring_of(local["fp32"], plan)
-    full = versus(base, scoring_of(local["int4"], plan))
+def test_the_top_k_kld_of_a_quantized_variant_is_within_tolerance_of_its_full_kld(url, local, plan, reference):
+    base = scoring_of(local["fp32"], plan, reference)
+    full = versus(base, scoring_of(local["int4"], plan, reference))
     with endpoint(url, "int4") as backend:
-        topk = versus(base, scoring_of(backend, plan))
+        topk = versus(base, scoring_of(backend, plan, reference))
     print(f"int4 vs fp32: full KLD {full['kld_mean']:.6g}, top-20 KLD {topk['kld_mean']:.6g}, "
           f"relative gap {abs(full['kld_mean'] - topk['kld_mean']) / full['kld_mean']:.4f}")
     assert full["kld_mean"] > 1e-4                                     # int4 differs: the check means something

@@ -358,7 +358,7 @@ class _Run:
         label = f"{plan.baseline} · reference"
         job = self._measure_job(plan.baseline, -1, base, True).model_copy(update={
             "trackers": tuple(TrackerJob(kind=t.kind, config=t.config()) for t in writers),
-            "reference_dir": str(folder.resolve()), "writes_reference": True})
+            "reference_dir": str(folder.resolve()), "writes_reference": True, "same_checkpoint": True})
         done: list = []
         self.executor.run_all([Task(label, job, self.out / "jobs" / f"{plan.baseline}-reference",
                                     lambda stage, f: self.events.on_progress(label, stage, f))],
@@ -374,6 +374,12 @@ class _Run:
             self.warnings.append(f"the baseline's reference distributions could not be made ({why}): KLD, top-1 "
                                  "agreement and the PPL ratio are not measured")
         return folder
+
+    def _same_checkpoint(self, name: str) -> bool:
+        """Whether variant `name` comes from the baseline's checkpoint, so its tokenizer's ids are the baseline's."""
+        def checkpoint(v: PlannedVariant) -> Path:     # a GGUF may be made from a checkpoint of its own
+            return Path((v.definition.backend_config or {}).get("checkpoint", v.source)).resolve()
+        return checkpoint(self.plan.variant(name)) == checkpoint(self.plan.variant(self.plan.baseline))
 
     def _measure_all(self, builds: dict[str, BuildRecord], finished: dict, reference: Path | None = None) -> None:
         """Every (variant, round) without a record, in the plan's order, through the executor's run_all. A
@@ -394,7 +400,8 @@ class _Run:
                     label = f"{name} · round {r + 1}/{plan.rounds}"
                     job = self._measure_job(name, r, builds[name], run_once)
                     if reference is not None and run_once:
-                        job = job.model_copy(update={"reference_dir": str(reference.resolve())})
+                        job = job.model_copy(update={"reference_dir": str(reference.resolve()),
+                                                     "same_checkpoint": self._same_checkpoint(name)})
                     yield Task(label, job,
                                self.out / "jobs" / f"{name}-r{r + 1}",
                                lambda stage, f, label=label: self.events.on_progress(label, stage, f))

@@ -83,6 +83,7 @@ class HostContext(Protocol):
     outputs: dict[str, BaseModel]   # what the trackers before this one returned
     reference_dir: str | None       # the run's baseline reference (measure/reference.py), where scoring reads it
     writes_reference: bool          # this job writes that reference (the baseline's, before the rounds)
+    same_checkpoint: bool           # the variant comes from the baseline's checkpoint (its ids are the baseline's)
 
     def progress(self, stage: str, fraction: float) -> None: ...
 

@@ -71,6 +71,8 @@ class MeasureJob(_Wire):
     trust_remote_code: bool = False
     reference_dir: str | None = None        # the run's baseline reference (measure/reference.py): read, or
     writes_reference: bool = False          # written by this job (the baseline's reference job: scoring alone)
+    same_checkpoint: bool = False           # the variant comes from the baseline's checkpoint: its tokenizer's
+                                            # ids are the baseline's, so it is scored on the reference's ids
 
 
 Job = Union[BuildJob, MeasureJob]

@@ -53,6 +53,7 @@ class Host:
     blobs: dict[str, bytes] = field(default_factory=dict)
     reference_dir: str | None = None
     writes_reference: bool = False
+    same_checkpoint: bool = False
 
     def progress(self, stage: str, fraction: float) -> None:
         progress(stage, fraction)
@@ -74,7 +75,8 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         kind = backend_kind(job.variant.backend)
         opened = kind.open(job, t_start)
         host = Host(opened.backend, opened.built, job.samples, opened.device, opened.cold, opened.baseline_bytes,
-                    reference_dir=job.reference_dir, writes_reference=job.writes_reference)
+                    reference_dir=job.reference_dir, writes_reference=job.writes_reference,
+                    same_checkpoint=job.same_checkpoint)
         with opened.context():
             results, scenarios = run_trackers(host, job, remote=not kind.local_model,
                                               runtime=None if kind.torch_model else kind.runtime)

@@ -6,10 +6,11 @@ before the rounds (`writes_reference`); every variant's worker, the baseline's o
 distributions with the reference there, text by text, and returns figures only: KLD mean and p99, top-1
 agreement, its NLL (for perplexity, the PPL ratio and bits per byte). No record carries a distribution, so a
 record stays small whatever the vocabulary, and KLD stays exact (float32 rows as computed, compared in
-float64). A variant whose backend takes the checkpoint tokenizer's ids (`vocabulary_source` "checkpoint": our engine,
-a GGUF built from the checkpoint) is scored on the reference's token ids, the baseline's own split, so its
-positions are the baseline's by construction; a variant with a vocabulary of its own (a user's GGUF) splits the
-text itself, and is compared only where it split it exactly as the baseline did (`same_split`, by token ids).
+float64). A variant of the baseline's checkpoint (`same_checkpoint`, from the plan) whose backend takes that
+checkpoint tokenizer's ids (`vocabulary_source` "checkpoint": our engine, a GGUF built from the checkpoint) is
+scored on the reference's token ids, the baseline's own split, so its positions are the baseline's by
+construction; a variant with a vocabulary of its own (another checkpoint, a user's GGUF) splits the text itself,
+and is compared only where it split it exactly as the baseline did (`same_split`, by token ids).
 Bits per byte count only the bytes that were predicted. Non-finite logits are reported with where they start,
 never summed into a figure. Deterministic: measured once per variant.
 
@@ -223,7 +224,8 @@ class Scoring(TrackerBase):
     def _run_full(self, ctx, texts: list[str], reference: Reference | None, why: str | None) -> ScoringOutput:
         """Each text scored (on the reference's ids where the backend takes the checkpoint's) and compared."""
         backend = ctx.backend
-        on_ids = (reference is not None and getattr(backend, "vocabulary_source", "own") == "checkpoint"
+        on_ids = (reference is not None and getattr(ctx, "same_checkpoint", False)
+                  and getattr(backend, "vocabulary_source", "own") == "checkpoint"
                   and hasattr(backend, "score_ids") and len(reference.texts) == len(texts))
         against = _Against(reference) if reference is not None else None
         nll, n_bytes, ids_all = 0.0, 0, []
