@@ -320,7 +320,7 @@ class TorchEngine:
         finite = torch.isfinite(logits).all(-1)                                       # (T-1,)
         first_bad = None if bool(finite.all()) else int((~finite).nonzero()[0, 0])
         logprobs = torch.log_softmax(logits, dim=-1)
-        return ScoredText(logprobs.cpu().numpy().astype(np.float32), np.asarray(ids[1:], dtype=np.int64),
+        return ScoredText(logprobs.cpu().numpy(), np.asarray(ids[1:], dtype=np.int64),    # float32 already: no copy
                           tuple(ids), n_bytes, first_bad)
 
     def _predicted(self, text: str) -> tuple[list[int], int]:

@@ -123,10 +123,16 @@ def _percentile_with_inf(xs: np.ndarray, q: float) -> float:
 
 def top1_agreement(base_logprobs: Any, var_logprobs: Any) -> float:
     """Share of positions (0..1) where baseline and variant put their maximum on the same token."""
-    base, var = _paired(base_logprobs, var_logprobs)
-    if base.shape[0] == 0:
+    same = top1_matches(base_logprobs, var_logprobs)
+    if same.size == 0:
         raise ValueError("top-1 agreement needs at least one position")
-    return float(np.mean(np.argmax(base, axis=1) == np.argmax(var, axis=1)))
+    return float(np.mean(same))
+
+
+def top1_matches(base_logprobs: Any, var_logprobs: Any) -> np.ndarray:
+    """At each position, whether baseline and variant put their maximum on the same token (bool, (positions,))."""
+    base, var = _paired(base_logprobs, var_logprobs)
+    return np.argmax(base, axis=1) == np.argmax(var, axis=1)
 
 
 # --------------------------------------------------------------------------- against the baseline, from top-k
@@ -187,12 +193,20 @@ def top1_agreement_by_text(base_logprobs: Any, base_texts: Sequence[str],
                            var_top: Sequence[dict[str, float]]) -> float:
     """Share of positions (0..1) where the text of the baseline's most likely id is the variant's most likely
     token text (the highest of its top-k)."""
+    if len(var_top) == 0:
+        raise ValueError("top-1 agreement needs matching, non-empty positions: 0")
+    return float(np.mean(top1_matches_by_text(base_logprobs, base_texts, var_top)))
+
+
+def top1_matches_by_text(base_logprobs: Any, base_texts: Sequence[str],
+                         var_top: Sequence[dict[str, float]]) -> np.ndarray:
+    """At each position, whether the baseline's most likely id reads as the variant's most likely token text."""
     base = _logprob_matrix(base_logprobs, "base_logprobs")
-    if base.shape[0] == 0 or base.shape[0] != len(var_top):
+    if base.shape[0] != len(var_top):
         raise ValueError(f"top-1 agreement needs matching, non-empty positions: {base.shape[0]} vs {len(var_top)}")
     best = np.argmax(base, axis=1)
-    agree = [bool(top) and base_texts[int(b)] == max(top, key=top.get) for b, top in zip(best, var_top)]
-    return float(np.mean(agree))
+    return np.array([bool(top) and base_texts[int(b)] == max(top, key=top.get) for b, top in zip(best, var_top)],
+                    dtype=bool)
 
 
 # --------------------------------------------------------------------------- likelihood

@@ -10,6 +10,8 @@ model whose learned position table bounds the sequence).
 """
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import json
 import struct
@@ -148,17 +150,30 @@ def prompt_token_counts(path: Path, prompts: Sequence[str], *, trust_remote_code
                         file: str | None = None, field: str = "model") -> list[int]:
     """How many tokens each prompt takes as the measuring engine sends it: the directory's own tokenizer, with
     the special tokens it adds (backends/torch_engine.TorchEngine.encode; bench's scenarios apply no chat
-    template). Imports transformers, and with it torch (a few seconds, once per process)."""
-    from transformers import AutoTokenizer
-
+    template). Imports transformers, and with it torch (a few seconds, once per process). The tokenizer is loaded
+    once per process while its folder's files are unchanged: planning and the disk budget both count with it."""
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+        tok = _counting_tokenizer(str(path), trust_remote_code, _folder_stamp(Path(path)))
     except Exception as e:  # transformers raises many types; the user needs the one line
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelLoadError(f"cannot load the tokenizer of {path}: {why}", file=file, field=field,
                              accepted="a directory whose tokenizer transformers loads (tokenizer.save_pretrained(DIR))"
                              ) from None
     return [len(ids) for ids in tok(list(prompts), add_special_tokens=True).input_ids]
+
+
+def _folder_stamp(path: Path) -> tuple:
+    """Each file of a folder with its size and modification time: a changed tokenizer is loaded again."""
+    try:
+        return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file()))
+    except OSError:
+        return ()
+
+
+@functools.lru_cache(maxsize=4)
+def _counting_tokenizer(path: str, trust_remote_code: bool, stamp: tuple):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
 
 
 def load_causal_lm(path: Path, dtype, device: str, *, trust_remote_code: bool = False):

@@ -127,13 +127,12 @@ class _Against:
     def add(self, i: int, logprobs) -> None:
         base = self.reference.rows(i)
         self.kl.append(acc.kl_divergence_per_position(base, logprobs))
-        self.agree += int(np.sum(np.argmax(base, axis=1) == np.argmax(logprobs, axis=1)))
+        self.agree += int(acc.top1_matches(base, logprobs).sum())
 
     def add_topk(self, i: int, vocabulary: list[str], top) -> None:
         base = self.reference.rows(i)
         self.kl.append(acc.truncated_kl_per_position(base, vocabulary, top))
-        best = np.argmax(base, axis=1)
-        self.agree += sum(bool(t) and vocabulary[int(b)] == max(t, key=t.get) for b, t in zip(best, top))
+        self.agree += int(acc.top1_matches_by_text(base, vocabulary, top).sum())
 
     def figures(self) -> dict:
         kl = np.concatenate(self.kl) if self.kl else np.zeros(0)
