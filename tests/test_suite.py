@@ -54,7 +54,7 @@ def test_minimal_suite_fills_in_defaults(tmp_path):
     assert (w.scenarios[1].batch_size, w.scenarios[1].passes, w.scenarios[1].warmup) == (16, 3, 1)
     assert suite.output.dir == "runs" and suite.output.store is None
     assert suite.requirements.slo.ttft_s is None
-    assert (suite.rounds, suite.order) == (DEFAULT_ROUNDS, "rotate")
+    assert (suite.rounds, suite.order) == (DEFAULT_ROUNDS, "random")
     assert w.stop == ["\n"] and (w.accuracy.graded, w.accuracy.batch_size) == (None, 16)
     assert suite.calibration is None
 
@@ -270,7 +270,7 @@ def test_a_scenario_may_not_take_a_trackers_name(tmp_path):
 
 def test_order_lists_what_it_accepts(tmp_path):
     err = suite_error(write(tmp_path, MINIMAL + "order: shuffled\n"))
-    assert err.field == "order" and err.accepted == "rotate | random"
+    assert err.field == "order" and err.accepted == "random | rotate"
 
 
 def test_duplicate_variant_names_name_the_repeated_variant(tmp_path):

@@ -142,7 +142,7 @@ def bench(suite: Optional[Path] = typer.Argument(None, help="suite file (YAML); 
           artifacts: Optional[Path] = typer.Option(None, "--artifacts", help="reuse the matching artifacts of "
                                                    "`variantlab build --out DIR` (others are built in the run folder)"),
           rounds: Optional[int] = typer.Option(None, "--rounds", min=1, max=1000, help="fresh processes per "
-                                               "variant, order rotated every round (default: the suite's rounds)"),
+                                               "variant, each round in an order of its own (default: the suite's rounds)"),
           all_rows: bool = typer.Option(False, "--all", help="print every row, not only the headline figures"),
           skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="skip a JSONL dataset's bad lines "
                                               "(invalid JSON, a missing field, not UTF-8) instead of stopping at the "

@@ -266,10 +266,11 @@ class Suite(_Frozen):
     threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="torch threads in each worker (default: the "
                                                                          "cores this process may use)")
     rounds: int = Field(DEFAULT_ROUNDS, ge=1, le=1000,
-                        description="fresh processes per variant; the order of the variants rotates every round "
-                                    "so that drift lands on all of them alike")
-    order: Literal["rotate", "random"] = Field("rotate", description="rotate: A B C, B C A, …; random: shuffled "
-                                                                    "every round by the suite's seed")
+                        description="fresh processes per variant, every round in an order of its own, so that "
+                                    "drift lands on all of them alike")
+    order: Literal["random", "rotate"] = Field("random", description="random: shuffled every round, drawn afresh "
+                                                                    "for every run (from the suite's seed and the "
+                                                                    "run); rotate: A B C, B C A, …")
     seed: int = Field(0, ge=SEED_MIN, le=SEED_MAX)
     timeout_s: float = Field(900, gt=0, le=MAX_TIMEOUT_S, description="a variant still running after this is recorded "
                                                                       "as failed")

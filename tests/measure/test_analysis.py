@@ -351,3 +351,25 @@ def test_a_scenario_that_failed_in_a_round_is_warned_and_the_rounds_other_rows_s
     assert c.row("single-stream.ttft_p50").cells["fast"].value is not None
     cell = c.row("offline.output_throughput").cells["fast"]
     assert cell.value is None and "offline failed: IndexError" in cell.problem
+
+
+def test_a_row_whose_rounds_cannot_tell_15_percent_from_the_processes_spread_says_so():
+    """Issue 50: processes that stray by ~20% from round to round, in no pattern a round shares. `fast` happened
+    to stray with the baseline, 10% above it every round: alone, its three rounds would call that significant;
+    with the row's spread (slow strays on its own) it is not. The row says how small a change three rounds can
+    tell here and how many rounds would tell 15%."""
+    stray = {"base": (1.0, 1.25, 0.85), "fast": (1.1, 1.375, 0.935), "slow": (0.95, 1.1, 1.3)}
+    out = [record(name, r, scale=f[r], once=r == 0) for r in range(3) for name, f in stray.items()]
+    row = run(out).row("single-stream.tpot_p50")
+    assert row.deltas["fast"].pct == pytest.approx(10.0)
+    assert row.deltas["fast"].significant is False and row.deltas["slow"].significant is False
+    assert row.deltas["fast"].method == "paired over 3 rounds and the run's process spread"
+    two = run([o for o in out if o[0].variant != "slow"], names=("base", "fast")).row("single-stream.tpot_p50")
+    assert two.deltas["fast"].significant is True      # without a third variant nothing else strays
+    said = [w for w in row.warnings if "3 rounds cannot tell a change under" in w]
+    assert len(said) == 1 and "rounds would tell 15%" in said[0] and "over 3 variants and 3 rounds" in said[0]
+    assert said[0].startswith("TPOT p50")
+
+
+def test_a_quiet_row_says_nothing_of_its_spread(three_rounds):
+    assert not any("cannot tell a change under" in w for w in three_rounds.row("single-stream.tpot_p50").warnings)

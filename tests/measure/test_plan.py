@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -52,23 +53,24 @@ def test_the_baseline_comes_first_and_the_others_keep_their_order(tmp_path):
 
 
 def test_rotate_order_shifts_by_one_each_round(tmp_path):
-    plan = plan_suite_file(write_suite(tmp_path, ("fp32", "bf16", "fp16"), rounds=4))
+    plan = plan_suite_file(write_suite(tmp_path, ("fp32", "bf16", "fp16"), rounds=4, order="rotate"))
     assert [plan.order(r) for r in range(5)] == [
         ["fp32", "bf16", "fp16"], ["bf16", "fp16", "fp32"], ["fp16", "fp32", "bf16"],
         ["fp32", "bf16", "fp16"], ["bf16", "fp16", "fp32"]]
     assert plan.to_json()["order"] == [plan.order(r) for r in range(4)]
 
 
-def test_random_order_is_a_permutation_every_round_and_fixed_by_the_seed(tmp_path):
-    a = plan_suite_file(write_suite(tmp_path / "a", NAMES, order="random", seed=3, rounds=8))
-    again = plan_suite_file(write_suite(tmp_path / "b", NAMES, order="random", seed=3, rounds=8))
-    other = plan_suite_file(write_suite(tmp_path / "c", NAMES, order="random", seed=4, rounds=8))
+def test_random_order_is_a_permutation_every_round_and_fixed_by_the_seed_and_the_run(tmp_path):
+    a = plan_suite_file(write_suite(tmp_path / "a", NAMES, order="random", seed=3, rounds=8)).for_run("r1")
+    again = plan_suite_file(write_suite(tmp_path / "b", NAMES, order="random", seed=3, rounds=8)).for_run("r1")
+    other = plan_suite_file(write_suite(tmp_path / "c", NAMES, order="random", seed=4, rounds=8)).for_run("r1")
     orders = [a.order(r) for r in range(8)]
     for o in orders:
         assert sorted(o) == sorted(NAMES)
-    assert orders == [again.order(r) for r in range(8)]            # deterministic for the suite's seed
+    assert orders == [again.order(r) for r in range(8)]            # deterministic for the suite's seed and run
     assert orders == [a.order(r) for r in range(8)]                # and for the same plan, asked twice
     assert orders != [other.order(r) for r in range(8)]            # another seed, another sequence
+    assert orders != [a.for_run("r2").order(r) for r in range(8)]  # another run, another sequence
     assert len({tuple(o) for o in orders}) > 1                     # shuffled per round, not once
     assert orders != [a.order(0)[k:] + a.order(0)[:k] for k in range(8)]  # not a rotation
 
@@ -448,3 +450,24 @@ def test_mixed_is_not_refused_and_says_before_measuring_which_layers_stay_wider(
                                                                      "options": {"pad_to_group": True}}],
                                        model=str(qwen2_688_dir)))
     assert not quiet.warnings
+
+
+def test_rounds_are_shuffled_afresh_for_every_run_by_default(tmp_path):
+    """Issue 50: a fixed rotation keeps one variant on the even jobs of three variants over three rounds (A B C,
+    B C A, C A B: C is job 2, 4 and 6), where a load that switches every other job lands on it every round. By
+    default every round is shuffled, and every run draws its own."""
+    plan = plan_suite_file(write_suite(tmp_path, ("fp32", "bf16", "fp16"), rounds=3))
+    assert plan.suite.order == "random"
+    rotated = plan_suite_file(write_suite(tmp_path / "r", ("fp32", "bf16", "fp16"), rounds=3, order="rotate"))
+    jobs = [name for r in range(3) for name in rotated.order(r)]
+    assert {k % 2 for k, name in enumerate(jobs) if name == "fp16"} == {0}
+    layouts = {tuple(tuple(plan.for_run(f"run-{i}").order(r)) for r in range(3)) for i in range(20)}
+    assert len(layouts) > 10
+    assert plan.for_run("x").to_json()["order"] == [plan.for_run("x").order(r) for r in range(3)]
+    # a plan of no run draws as runs stored before run ids did, so that such a run still resumes
+    legacy = []
+    for r in range(3):
+        names = ["fp32", "bf16", "fp16"]
+        random.Random(plan.suite.seed * 1_000_003 + r).shuffle(names)
+        legacy.append(names)
+    assert [plan.order(r) for r in range(3)] == legacy

@@ -182,7 +182,7 @@ def test_the_ray_executor_carries_out_the_local_plan_in_its_order(ray_cluster, t
     suite = write_suite(tmp_path, rounds=2)
     result = variantlab.bench(suite, executor=RayExecutor())
     assert result.comparison.status == {"base": "ok", "half": "ok"}, result.comparison.reasons
-    plan = plan_suite_file(suite)
+    plan = plan_suite_file(suite).for_run(result.run_id)
     with Store(result.store_path) as s:
         row = s.run(result.run_id)
         order = [(m.variant, m.round) for m in s.records(result.run_id, "measure")]

@@ -350,3 +350,94 @@ def test_unpaired_delta_gives_no_interval_without_round_noise_or_positive_statis
     assert few.low is None and "too few requests for p99" in few.problem
     with pytest.raises(ValueError):
         rd.unpaired_delta([[1.0, float("nan")]], [[1.0]])
+
+
+# --------------------------------------------------------------------------- process spread (issue 50)
+
+def test_process_spread_of_two_variants_is_the_pairs_own_spread():
+    # With two variants the two-way residual is half a paired log ratio's deviation: sqrt(2) sd is the
+    # sample sd of the log ratios, on R - 1 degrees of freedom.
+    a = {0: 1.0, 1: 2.0, 2: 4.0, 3: 1.5}
+    b = {0: 1.1, 1: 1.9, 2: 4.6, 3: 1.5}
+    sp = rd.process_spread({"a": a, "b": b})
+    logs = np.log([b[r] / a[r] for r in range(4)])
+    assert sp.df == 3 and (sp.variants, sp.rounds) == (2, 4)
+    assert math.sqrt(2) * sp.sd == pytest.approx(np.std(logs, ddof=1))
+    # A variant's level and a round's drift are not spread: only what strays from both is.
+    level = {"a": 1.0, "b": 1.5, "c": 0.7}
+    drift = {0: 1.0, 1: 3.0, 2: 0.5}
+    sp = rd.process_spread({v: {r: x * d for r, d in drift.items()} for v, x in level.items()})
+    assert sp is None or sp.sd < 1e-12
+
+
+def test_process_spread_needs_two_variants_over_two_common_rounds():
+    assert rd.process_spread({"a": {0: 1.0, 1: 2.0}}) is None
+    assert rd.process_spread({"a": {0: 1.0}, "b": {0: 1.2}}) is None
+    assert rd.process_spread({"a": {0: 1.0, 1: 1.1}, "b": {2: 1.0, 3: 1.3}}) is None      # no round in common
+    # a variant with one usable round is left out; the others still give it
+    sp = rd.process_spread({"a": {0: 1.0, 1: 1.1, 2: 0.9}, "b": {0: 1.0, 1: 1.2, 2: 1.0}, "c": {0: 1.0, 1: -1.0}})
+    assert sp is not None and sp.variants == 2 and sp.rounds == 3
+
+
+def test_spread_rounds_to_resolve_and_smallest_resolved_change():
+    sp = rd.Spread(sd=0.14, df=4, variants=3, rounds=3)
+    half = student_t_quantile(0.975, 4) * math.sqrt(2) * 0.14 / math.sqrt(3)
+    assert sp.smallest_resolved_pct(3) == pytest.approx(math.expm1(half) * 100)
+    need = sp.rounds_to_resolve(15.0)
+    assert need is not None and need > 3
+    assert sp.smallest_resolved_pct(need) > 0
+    for r, ok in ((need - 1, False), (need, True)):   # the fewest rounds: one fewer does not resolve 15%
+        df = 2 * (r - 1)
+        h = student_t_quantile(0.975, df) * math.sqrt(2) * 0.14 / math.sqrt(r)
+        assert (math.expm1(h) * 100 <= 15.0) is ok
+
+
+def test_a_pair_whose_few_rounds_agreed_by_chance_reads_no_surer_than_the_runs_processes():
+    # Issue 50: three rounds whose ratios happen to agree give a t-interval far narrower than the machine's
+    # processes stray (here 15% a process, from every variant of the row): the spread widens it to n.s.
+    base, var = [[10.0], [10.0], [10.0]], [[11.5], [11.6], [11.4]]
+    alone = paired_delta(base, var, stats.mean)
+    assert alone.significant is True
+    sp = rd.Spread(sd=math.log(1.15), df=4, variants=3, rounds=3)
+    d = paired_delta(base, var, stats.mean, spread=sp)
+    assert d.significant is False and d.pct == pytest.approx(alone.pct)
+    assert d.method == "paired over 3 rounds and the run's process spread"
+    # a change far beyond the spread is still told
+    big = paired_delta(base, [[30.0], [31.0], [29.0]], stats.mean, spread=sp)
+    assert big.significant is True
+
+
+def test_a_few_slow_requests_on_one_side_cannot_make_a_mean_significant():
+    # Issue 50's run: one request far out in the tail in each of b's rounds moved its mean by 75% while every
+    # percentile read n.s.; the mean's interval now carries what the tail weighs.
+    rng = np.random.default_rng(1)
+    a = [list(rng.normal(10, 1, 16)) for _ in range(3)]
+    b = [list(rng.normal(10, 1, 16)) for _ in range(3)]
+    for r, i in ((0, 3), (1, 5), (2, 7)):
+        b[r][i] = 130.0
+    old_t = np.log([np.mean(y) / np.mean(x) for x, y in zip(a, b)])
+    half = student_t_quantile(0.975, 2) * np.std(old_t, ddof=1) / math.sqrt(3)
+    assert old_t.mean() - half > 0          # the t over the rounds' means alone called it significant
+    d = paired_delta(a, b, stats.mean)
+    assert d.pct > 50 and d.significant is False and "dealt within rounds" in d.method
+    assert paired_delta(a, b, stats.median).significant is False
+    # a real shift of every request is still significant
+    shifted = [[x * 1.3 for x in r] for r in a]
+    assert paired_delta(a, shifted, stats.mean).significant is True
+
+
+def test_identical_variants_are_called_different_at_most_at_the_nominal_rate_with_the_spread():
+    # A/A simulation: three variants, three rounds; a round drifts, a process strays (10%, and one in four
+    # runs 2x slower: a switching load), 16 requests a round. Pairs judged with the row's spread.
+    rng = np.random.default_rng(5)
+    called = judged = 0
+    for _ in range(300):
+        drift = rng.normal(0, 0.2, 3)
+        data = {v: {r: list(np.exp(drift[r] + rng.normal(0, 0.1) + (math.log(2) if rng.random() < 0.25 else 0)
+                                   + rng.normal(0, 0.05, 16))) for r in range(3)} for v in range(3)}
+        sp = rd.process_spread({v: {r: stats.median(x) for r, x in rs.items()} for v, rs in data.items()})
+        for v in (1, 2):
+            d = paired_delta([data[0][r] for r in range(3)], [data[v][r] for r in range(3)], stats.median, spread=sp)
+            called += bool(d.significant)
+            judged += 1
+    assert called / judged <= 0.05

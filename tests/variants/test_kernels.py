@@ -145,6 +145,26 @@ def test_each_cpu_builds_the_first_instruction_set_it_has():
     assert {h.name for h in ext.headers} == {"vk.h", "common.h"} and "-mavx2" in ext.cflags
 
 
+def test_an_avx512_host_told_avx2_runs_what_an_avx2_machine_runs(monkeypatch):
+    """VARIANTLAB_ISA (issue 50: A/A on both instruction sets, on one host): a name we have kernels for keeps that
+    one alone; a name we lack says so, naming what is accepted, and our kernels stay off."""
+    both = {"avx2", "fma", "f16c", *_build.AVX512.cpu_flags}
+    assert _build.isa_for(both, "avx2") is _build.AVX2
+    assert _build.isa_for(both, "AVX-512") is _build.AVX512 and _build.isa_for(both, "avx512") is _build.AVX512
+    assert _build.isa_for({"avx2", "fma", "f16c"}, "avx-512") is None
+    monkeypatch.setenv(_build.ISA_SWITCH, "avx2")
+    assert _build.forced_isa() == "avx2" and _build.unknown_isa() is None
+    assert _build.missing_requirement(flags={"avx2", "f16c", "fma"}) in (None, "no C++ compiler (c++ not on PATH)",
+                                                                           "ninja is not installed (pip install ninja)")
+    monkeypatch.setenv(_build.ISA_SWITCH, "avx-512")
+    assert _build.missing_requirement(flags={"avx2", "f16c", "fma"}) == \
+        f"{_build.ISA_SWITCH}=avx-512 asks for kernels this CPU lacks the instructions of"
+    monkeypatch.setenv(_build.ISA_SWITCH, "sse4")
+    assert _build.missing_requirement(flags=both) == (f"{_build.ISA_SWITCH}='sse4' names no instruction set we have "
+                                                       "kernels for (accepted: avx-512, avx2, or unset for the best "
+                                                       "this CPU has)")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b,h,hkv,length,d", [(1, 12, 12, 128, 64), (3, 4, 2, 40, 24), (2, 8, 1, 256, 128)])
 def test_decode_attention_equals_sdpa(our_kernels, dtype, b, h, hkv, length, d):

@@ -72,3 +72,23 @@ def test_the_bytes_read_feed_a_digest_so_a_caller_hashes_the_file_in_the_same_pa
     digest = hashlib.sha256()
     assert page_cache.as_read_from_disk(path, digest) is True
     assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_settle_files_reads_every_file_of_the_folders_once(tmp_path):
+    """Before a run's rounds every variant's files are read from disk once (measure/runner.py), a file two
+    variants share counted once."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "sub").mkdir(parents=True)
+    b.mkdir()
+    (a / "model.safetensors").write_bytes(b"x" * 5000)
+    (a / "sub" / "tokenizer.json").write_bytes(b"{}")
+    (b / "model.gguf").write_bytes(b"y" * 100)
+    files, size = page_cache.settle_files([a, b, b / "model.gguf", tmp_path / "missing"])
+    assert (files, size) == (3, 5102)
+    assert (a / "model.safetensors").read_bytes() == b"x" * 5000     # unchanged
+
+
+def test_settle_files_does_nothing_without_posix_fadvise(tmp_path, monkeypatch):
+    (tmp_path / "f").write_bytes(b"z")
+    monkeypatch.delattr(os, "posix_fadvise")
+    assert page_cache.settle_files([tmp_path]) == (0, 0)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .build_summary import BuildSummary
-from .rounds import estimate_rounds, paired_delta
+from .rounds import RESOLVE_PCT, Spread, estimate_rounds, paired_delta, process_spread
 from .stats import Delta, Estimate, exact_delta
 from .tracker import NOT_MEASURED, MetricDef, Problem
 
@@ -296,6 +296,7 @@ def _row(t, d: MetricDef, names, ok, data, baseline: str, base, versus) -> Row:
             cells[n] = deltas[n] = None
             continue
         cells[n], per_round[n] = _cell(t, d, data[n], versus.get(n, {}))
+    spread = _spread(d, {n: per_round[n] for n in names if n in per_round}) if d.kind != "fact" else None
     for n in names:
         deltas[n] = None
         if n == baseline or n not in ok or baseline not in ok or not d.with_delta or d.kind == "versus":
@@ -310,13 +311,15 @@ def _row(t, d: MetricDef, names, ok, data, baseline: str, base, versus) -> Row:
         else:
             rounds = sorted(set(per_round[baseline]) | set(per_round[n]))
             deltas[n] = paired_delta([per_round[baseline].get(r) for r in rounds],
-                                     [per_round[n].get(r) for r in rounds], d.statistic, sample_name=d.sample_name)
+                                     [per_round[n].get(r) for r in rounds], d.statistic, sample_name=d.sample_name,
+                                     spread=spread)
     key = f"{t.name}.{d.key}"
     label = d.label
     noise = cells.get(baseline).round_cv if cells.get(baseline) is not None and d.is_timing else None
     unstable = [f"{n} {100 * (e.round_cv if e.rounds >= 2 else e.cv):.0f}%" for n, e in cells.items()
                 if d.checks_stability and e is not None and e.unstable]
-    warnings = _noise_warnings(label, baseline, noise, deltas)
+    warnings = _noise_warnings(label, baseline, noise, deltas) + (_resolution_warnings(label, spread, deltas)
+                                                                  if d.is_timing else [])
     if unstable:
         warnings.append(f"{label} is unstable (it varied over 10% {'from round to round' if len(per_round.get(baseline, {})) >= 2 else 'across its samples'}): "
                         + ", ".join(unstable))
@@ -382,6 +385,34 @@ def _note(t, d: MetricDef, data, names) -> str | None:
         if outs:
             return d.note(outs[0])
     return None
+
+
+def _spread(d: MetricDef, per_round: dict[str, dict[int, list[float]]]) -> Spread | None:
+    """The row's process-to-process spread over every variant measured (rounds.process_spread), from each round's
+    statistic; None where a round's samples give none (too few for it, none at all)."""
+    stats: dict[str, dict[int, float]] = {}
+    for n, rounds in per_round.items():
+        stats[n] = {}
+        for r, xs in rounds.items():
+            if xs:
+                try:
+                    stats[n][r] = float(d.statistic(xs))
+                except ValueError:
+                    continue
+    return process_spread(stats)
+
+
+def _resolution_warnings(label: str, spread: Spread | None, deltas: dict) -> list[str]:
+    """Plain words when the run's rounds cannot tell a RESOLVE_PCT change from its processes' spread: how small a
+    change they do tell, and how many rounds would tell RESOLVE_PCT."""
+    rounds = max((dl.rounds for dl in deltas.values() if dl is not None and dl.rounds >= 2), default=0)
+    if spread is None or not rounds or spread.smallest_resolved_pct(rounds) <= RESOLVE_PCT:
+        return []
+    need = spread.rounds_to_resolve()
+    more = f"about {need} rounds would tell {RESOLVE_PCT:g}%" if need else f"no practical number of rounds tells {RESOLVE_PCT:g}%"
+    return [f"{label}: {rounds} rounds cannot tell a change under {spread.smallest_resolved_pct(rounds):.0f}% from how "
+            f"far a process strays here ({spread.pct:.1f}%, over {spread.variants} variants and {spread.rounds} "
+            f"rounds); {more}"]
 
 
 def _noise_warnings(label: str, baseline: str, noise: float | None, deltas: dict) -> list[str]:

@@ -244,8 +244,9 @@ def say_disk(budget: DiskBudget, say: Callable[[str], None] | None = None) -> No
     """The budget's line, said (`say`: the run's notes; default stderr) once the run's folders are made: after
     every other input problem, so that each of those stays one line."""
     over = f" (not enough: {ENV}=0, not refused)" if budget.problem() is not None else ""
-    (say or _to_stderr)(budget.line() + over)
+    (say or to_stderr)(budget.line() + over)
 
 
-def _to_stderr(line: str) -> None:
+def to_stderr(line: str) -> None:
+    """A note line where the run has no display of its own."""
     print(line, file=sys.stderr, flush=True)

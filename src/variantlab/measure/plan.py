@@ -62,6 +62,7 @@ class Plan:
     warnings: tuple[str, ...] = ()           # said before measuring: the JSONL lines --skip-bad-lines skipped,
                                              # what a recipe's check of config.json found (mixed: no int4 for …)
     skip_bad_lines: bool = False             # how its datasets were read (a resumed run reads them alike)
+    run_id: str = ""                         # the run it is carried out as: `order: random` draws from it
 
     @property
     def baseline(self) -> str:
@@ -71,13 +72,25 @@ class Plan:
         return next(v for v in self.variants if v.name == name)
 
     def order(self, round_index: int) -> list[str]:
-        """The variants in the order round `round_index` measures them."""
+        """The variants in the order round `round_index` measures them. `random`: a permutation of its own every
+        round, drawn from the suite's seed and the run (`run_id`), so that two runs of one suite are not laid
+        out alike either (randomized multiple interleaved trials: Abedi & Brecht, "Conducting Repeatable
+        Experiments in Highly Variable Cloud Computing Environments", ICPE 2017). A fixed rotation keeps each
+        variant on one beat of the job sequence: of three variants over three rounds, one always holds the
+        even slots (A B C, B C A, C A B: C is job 2, 4 and 6), and a load that switches with the jobs' own
+        period lands on that variant every round (issue 50)."""
         names = [v.name for v in self.variants]
         if self.suite.order == "random":
-            random.Random(self.suite.seed * 1_000_003 + round_index).shuffle(names)
+            seed = (f"{self.suite.seed}:{self.run_id}:{round_index}" if self.run_id
+                    else self.suite.seed * 1_000_003 + round_index)   # a plan of no run: as runs before run ids drew
+            random.Random(seed).shuffle(names)
             return names
         k = round_index % len(names)
         return names[k:] + names[:k]
+
+    def for_run(self, run_id: str) -> "Plan":
+        """This plan as run `run_id` carries it out (its random order drawn from it)."""
+        return dataclasses.replace(self, run_id=run_id)
 
     def with_rounds(self, rounds: int) -> "Plan":
         if rounds < 1:

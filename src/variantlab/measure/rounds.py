@@ -32,7 +32,7 @@ resample. _hierarchical_by_resampling is the naive reference the fast paths are 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import zip_longest
 from typing import Sequence
 
@@ -48,7 +48,8 @@ Rounds = Sequence[Sequence[float] | None]
 
 NORMAL_MEAN_MIN = 2000
 """Rounds of at least this many samples have the within-round stage of the hierarchical bootstrap
-of a mean drawn from its normal approximation (see _hierarchical_mean); smaller ones exactly."""
+of a mean (see _hierarchical_mean), and the deal of a round's samples (_permuted_mean_interval), drawn from its
+normal approximation; smaller ones exactly."""
 
 ONE_ROUND_METHOD = "one round: requests bootstrapped; drift between variants not controlled, so no verdict"
 
@@ -275,11 +276,79 @@ def _welch_interval(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[fl
     return d - half, d + half
 
 
+# --------------------------------------------------------------------------- process-to-process spread
+
+RESOLVE_PCT = 15.0
+"""The difference a run's rounds should be able to tell from its process-to-process spread; a row whose rounds
+cannot says so (analysis.py), and no delta that small is called significant there."""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far one fresh process's figure strays, on a row of a run: the standard deviation of the log per-round
+    statistics left once each variant's own level and each round's drift (shared by the variants measured in that
+    round) are taken out: the residual of the two-way additive model over every variant and round measured
+    together (the randomized block design: Box, Hunter & Hunter, "Statistics for Experimenters", 2005, ch. 4).
+    A paired ratio of two variants then strays by sqrt(2) sd a round. Pooled over every variant of the row it
+    has (V - 1)(R - 1) degrees of freedom where one pair's own has R - 1: three variants over three rounds give
+    it 4 where a pair has 2, so a pair that happened to agree closely in its few rounds no longer reads as more
+    certain than the run's processes are."""
+
+    sd: float          # of log per-round statistics, after variant and round effects
+    df: int            # (variants - 1)(rounds - 1)
+    variants: int
+    rounds: int
+
+    @property
+    def pct(self) -> float:
+        """sd as the percent change a process strays by."""
+        return math.expm1(self.sd) * 100.0
+
+    def half_width(self, rounds: int, confidence: float = 0.95) -> float:
+        """The t half-width, in log units, of a paired ratio's mean over `rounds` rounds at this spread."""
+        return _spread_half(self.sd, self.df, rounds, confidence)
+
+    def smallest_resolved_pct(self, rounds: int, confidence: float = 0.95) -> float:
+        """The smallest change, in %, that `rounds` rounds tell from this spread (the interval's half-width)."""
+        return math.expm1(self.half_width(rounds, confidence)) * 100.0
+
+    def rounds_to_resolve(self, pct: float = RESOLVE_PCT, confidence: float = 0.95, most: int = 1000) -> int | None:
+        """The fewest rounds that would tell a `pct` change from this spread, with as many variants as now (None
+        beyond `most`)."""
+        return next((r for r in range(2, most + 1)
+                     if math.expm1(_spread_half(self.sd, (self.variants - 1) * (r - 1), r, confidence)) * 100.0 <= pct),
+                    None)
+
+
+def _spread_half(sd: float, df: int, rounds: int, confidence: float) -> float:
+    return student_t_quantile((1.0 + confidence) / 2.0, df) * math.sqrt(2.0) * sd / math.sqrt(rounds)
+
+
+def process_spread(per_round: dict[str, dict[int, float]]) -> Spread | None:
+    """The Spread of a row from each variant's per-round statistic ({variant: {round: value}}), over the rounds in
+    which every variant with two usable rounds or more measured a positive, finite value; None below two such
+    variants or two such rounds, or when nothing strays (every residual 0)."""
+    usable = {v: {r: x for r, x in rs.items() if x is not None and math.isfinite(x) and x > 0.0}
+              for v, rs in per_round.items()}
+    usable = {v: rs for v, rs in usable.items() if len(rs) >= 2}
+    if len(usable) < 2:
+        return None
+    common = sorted(set.intersection(*(set(rs) for rs in usable.values())))
+    if len(common) < 2:
+        return None
+    y = np.log(np.array([[rs[r] for r in common] for rs in usable.values()], dtype=np.float64))
+    resid = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
+    v, r = y.shape
+    df = (v - 1) * (r - 1)
+    sd = math.sqrt(float((resid ** 2).sum()) / df)
+    return Spread(sd, df, v, r) if sd > 0.0 else None
+
+
 # --------------------------------------------------------------------------- paired deltas
 
 def paired_delta(base_rounds: Rounds, var_rounds: Rounds, statistic: Statistic = median, *,
                  confidence: float = 0.95, resamples: int = 2000, seed: int = 0,
-                 sample_name: str = "samples") -> Delta:
+                 sample_name: str = "samples", spread: Spread | None = None) -> Delta:
     """Percent change of the variant over the baseline from per-round paired ratios.
 
     base_rounds[i] and var_rounds[i] were measured in the same round i; a round where either side
@@ -294,6 +363,16 @@ def paired_delta(base_rounds: Rounds, var_rounds: Rounds, statistic: Statistic =
     different far more often than 1 - confidence (simulated at 95%: 25% of the time with 3
     rounds, 17% with 5, 11% with 8), which is the false positive this module exists to fix. The
     t-interval is exact for normal log ratios and robust for moderate departures.
+    Two widenings keep it from being more confident than the data (issue 50: identical variants read as 15-75%
+    apart, significantly):
+    - `spread` (process_spread over every variant of the row): the interval is at least the one the run's
+      process-to-process spread gives P rounds, t with its pooled degrees of freedom, so that a pair whose few
+      rounds happened to agree reads no surer than the run's processes are (method "... and the run's process
+      spread" when that is the wider);
+    - the mean: the interval also covers one from dealing each round's samples out to the two sides again at
+      random (_permuted_mean_interval), which carries the weight a few outlying samples have in a mean, as a
+      percentile's order-statistic bounds do; a slow request or three cannot make a mean's delta significant
+      while every percentile beside it is not.
     With one paired round: each side's samples bootstrapped independently, as relative_delta
     does, for the interval only: significant is None (method ONE_ROUND_METHOD: it cannot tell drift
     from a difference); with a single sample on a side, pct only (method "single sample").
@@ -341,9 +420,61 @@ def paired_delta(base_rounds: Rounds, var_rounds: Rounds, statistic: Statistic =
     logs = np.log(np.array([sv / sb for _, _, sb, sv in pairs]))
     m, s = float(np.mean(logs)), float(np.std(logs, ddof=1))
     half = student_t_quantile((1.0 + confidence) / 2.0, p - 1) * s / math.sqrt(p)
-    pct, low, high = (math.expm1(x) * 100.0 for x in (m, m - half, m + half))
-    return Delta(pct=pct, low=low, high=high, significant=bool(low > 0.0 or high < 0.0),
-                 method=f"paired over {p} rounds", rounds=p)
+    method = f"paired over {p} rounds"
+    if spread is not None and spread.half_width(p, confidence) > half:
+        half, method = spread.half_width(p, confidence), method + " and the run's process spread"
+    low, high = m - half, m + half
+    dealt = _permuted_mean_interval(pairs, confidence, resamples, seed) \
+        if statistic is mean or statistic is np.mean else None
+    if dealt is not None and (dealt[0] < low or dealt[1] > high):
+        low, high, method = min(low, dealt[0]), max(high, dealt[1]), method + " and its samples dealt within rounds"
+    pct, low, high = (math.expm1(x) * 100.0 for x in (m, low, high))
+    return Delta(pct=pct, low=low, high=high, significant=bool(low > 0.0 or high < 0.0), method=method, rounds=p)
+
+
+def _permuted_mean_interval(pairs: list[tuple], confidence: float, resamples: int,
+                            seed: int) -> tuple[float, float] | None:
+    """An interval of log(pooled mean of the variant / pooled mean of the baseline) that carries the weight of the
+    samples far out in the tail: the observed log ratio less the central `confidence` share of its distribution
+    when, within each round, the two sides' samples are dealt out again at random (a permutation test within
+    rounds, Fisher 1935; made an interval by the shift model). Three slow requests that all fell to one side are
+    then what chance deals one time in eight, not a difference, as a tail percentile's order-statistic bounds
+    already say. None when a round holds fewer than two samples on a side (one value a round: nothing to deal).
+    The deal is drawn both ways round (each side first) and pooled, so that swapping the sides mirrors it."""
+    if any(b.size < 2 or v.size < 2 for b, v, _, _ in pairs):
+        return None
+    n_b, n_v = sum(b.size for b, _, _, _ in pairs), sum(v.size for _, v, _, _ in pairs)
+    observed = math.log((sum(float(v.sum()) for _, v, _, _ in pairs) / n_v)
+                        / (sum(float(b.sum()) for b, _, _, _ in pairs) / n_b))
+
+    def dealt(first: int) -> np.ndarray:   # log(mean of the rest / mean of the first) over the deals
+        rng = np.random.default_rng(seed)
+        head, tail = np.zeros(resamples), np.zeros(resamples)
+        n_head = 0
+        for b, v, _, _ in pairs:
+            pooled = np.sort(np.concatenate([b, v]))
+            k, n = (b.size if first == 0 else v.size), pooled.size
+            n_head += k
+            if n >= NORMAL_MEAN_MIN:   # a sum dealt without replacement: its exact mean and variance, normal
+                total, sd = float(pooled.sum()), math.sqrt(k * pooled.var() * (n - k) / (n - 1))
+                drawn = rng.normal(k * pooled.mean(), sd, size=resamples)
+                head, tail = head + drawn, tail + (total - drawn)
+                continue
+            rows = max(1, _CHUNK_ELEMENTS // n)    # deals held at once: memory bounded
+            for start in range(0, resamples, rows):
+                stop = min(resamples, start + rows)
+                deal = rng.permuted(np.tile(pooled, (stop - start, 1)), axis=1)
+                head[start:stop] += deal[:, :k].sum(axis=1)
+                tail[start:stop] += deal[:, k:].sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log((tail / (n_b + n_v - n_head)) / (head / n_head))
+
+    null = np.concatenate([dealt(0), -dealt(1)])
+    null = null[np.isfinite(null)]
+    if null.size == 0:
+        return None
+    q_low, q_high = _interval(null, confidence)
+    return observed - q_high, observed - q_low
 
 
 # --------------------------------------------------------------------------- unpaired deltas

@@ -33,11 +33,12 @@ from ..errors import StoreError, VariantlabError
 from ..store import DEFAULT_STORE, DONE, INTERRUPTED, Store
 from ..variants.artifact import META_FILE, artifact_problem
 from ..variants.build import calibration_digest
+from ..variants.page_cache import settle_files
 from .analysis import Comparison, analyse
 from .backend_kinds import backend_kind
-from .disk_budget import build_budget, check_disk, disk_budget, say_disk
+from .disk_budget import build_budget, check_disk, disk_budget, say_disk, to_stderr
 from .executor import Executor, LocalProcessExecutor, Task
-from .limits import Limits
+from .limits import Limits, format_bytes
 from .plan import Plan, PlannedVariant, available_cores
 from .plan_record import PlanRecord
 from .reference import ReferenceMissing, open_reference
@@ -183,6 +184,7 @@ def measure_plan(plan: Plan, *, store_path: str | Path | None = None, output_dir
     suite = plan.suite
     check_artifacts_dir(artifacts_dir)
     run_id = new_run_id()
+    plan = plan.for_run(run_id)
     threads = suite.threads or available_cores()
     env = HostEnvironment.model_validate(host_fingerprint() | {"threads_per_worker": threads, "rounds": plan.rounds})
     store_file = Path(store_path or suite.output.store or DEFAULT_STORE)
@@ -242,9 +244,11 @@ def replan(row, store_file: Path) -> Plan:
     base_dir = Path(row.suite_path).resolve().parent if row.suite_path else Path.cwd()
     stored = PlanRecord.model_validate(row.plan)     # in today's shape (the store upgrades an older one)
     plan = make_plan(stored_suite(row, suite_path), suite_path, base_dir,
-                     stored.skip_bad_lines).with_rounds(stored.rounds)
-    now = json.loads(json.dumps(plan.to_json()))     # as the store holds it: an auto recipe's tuples are lists
+                     stored.skip_bad_lines).with_rounds(stored.rounds).for_run(row.run_id)
     stored = stored.to_json()
+    if plan.to_json()["order"] != stored.get("order"):   # a run stored before orders were drawn from the run
+        plan = plan.for_run("")
+    now = json.loads(json.dumps(plan.to_json()))     # as the store holds it: an auto recipe's tuples are lists
     changed = [k for k in sorted(set(now) | set(stored)) if now.get(k) != stored.get(k)]
     if changed:
         raise VariantlabError(f"run {row.run_id} cannot be resumed: its plan made again today differs in "
@@ -282,6 +286,7 @@ class _Run:
                                  + any(t.writes_reference for t in plan.trackers))
             prepare_kernels(plan, self.events)
             builds = self._build_all(finished)
+            self._settle(builds)
             reference = self._reference(builds)
             self._measure_all(builds, finished, reference)
             records = store.records(run_id, "measure")
@@ -330,6 +335,25 @@ class _Run:
                 update={"not_reused": pending[task.label][1]}), builds),
             on_start=lambda task: self.events.on_job(task.label))
         return {v.name: builds[v.name] for v in plan.variants}
+
+    def _settle(self, builds: dict[str, BuildRecord]) -> None:
+        """Every variant's files in one page-cache state before anything is measured: each dropped from the cache
+        and read from disk once (variants/page_cache.py). Otherwise one variant's artifact was written a moment
+        ago (4 KiB pages), another's reused from an artifacts folder and half evicted, a third's read whole: the
+        same bytes loading at different speeds (issue 50: an A/A run's load stage read 37% apart)."""
+        paths = []
+        for v in self.plan.variants:
+            b = builds.get(v.name)
+            if b is not None and b.status == "ok" and b.artifact_dir:
+                paths.append(Path(b.artifact_dir))
+                if (v.definition.backend_config or {}).get("gguf_file"):
+                    paths.append(Path(v.definition.backend_config["gguf_file"]))
+        t = time.perf_counter()
+        files, size = settle_files(paths)
+        if files:
+            (self.events.on_note or to_stderr)(f"page cache: the variants' {files} files ({format_bytes(size)}) read from disk once, "
+                                f"so that every variant starts from them as a read from disk leaves them "
+                                f"({time.perf_counter() - t:.1f} s)")
 
     def _keep_build(self, label: str, record: BuildRecord, builds: dict) -> None:
         self.store.put_record(self.run_id, record)

@@ -11,7 +11,10 @@ from the cache and read once, 392-396 MiB; TPOT 15.5 against 14.8 ms. So a GGUF 
 measured slower than the same file would be after a reboot or on a user's server: a weakened peer.
 
 `as_read_from_disk` writes the file back, drops its pages and reads it through once, so that the cache holds it
-as a read from disk leaves it and the first measurement does not pay a disk read. Elsewhere than Linux it does
+as a read from disk leaves it and the first measurement does not pay a disk read. `settle_files` does so for
+every file of every variant before a run's rounds (measure/runner.py): the torch artifacts too, which are read
+(not mapped) into the weight arena, so that no variant's load stage reads a file just written, or half
+evicted, where another's reads one the cache holds whole (issue 50). Elsewhere than Linux it does
 nothing (posix_fadvise missing): there the cache's layout is left as it is.
 """
 from __future__ import annotations
@@ -41,3 +44,20 @@ def as_read_from_disk(path: str | Path, digest=None) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def settle_files(paths) -> tuple[int, int]:
+    """as_read_from_disk for every regular file under `paths` (files, or folders walked), each file once:
+    (files settled, their bytes); (0, 0) where the platform cannot (no posix_fadvise)."""
+    seen: set[Path] = set()
+    files = size = 0
+    for p in map(Path, paths):
+        for f in ([p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else []):
+            f = f.resolve()
+            if f in seen or not f.is_file():
+                continue
+            seen.add(f)
+            if not as_read_from_disk(f):
+                return 0, 0
+            files, size = files + 1, size + f.stat().st_size
+    return files, size

@@ -73,12 +73,34 @@ def cpu_flags() -> set[str]:
     return set(this_cpu()[1])
 
 
-def isa_for(flags: set[str]) -> Isa | None:
-    """The instruction set whose kernels a CPU with these flags runs, or None."""
-    return next((isa for isa in ISAS if set(isa.cpu_flags) <= flags), None)
+def isa_for(flags: set[str], only: str | None = None) -> Isa | None:
+    """The instruction set whose kernels a CPU with these flags runs, or None. `only` (an `ISA_SWITCH` value:
+    "avx2", "avx-512") keeps that one alone: an AVX-512 host told "avx2" runs the AVX2 kernels, as an AVX2 host
+    does; one told "avx-512" without those flags runs none."""
+    chosen = ISAS if not only else tuple(isa for isa in ISAS if _isa_key(isa.name) == _isa_key(only))
+    return next((isa for isa in chosen if set(isa.cpu_flags) <= flags), None)
 
 
-ISA = isa_for(cpu_flags())   # this CPU's (None: neither)
+def _isa_key(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def forced_isa() -> str | None:
+    """The instruction set `ISA_SWITCH` asks for, or None (unset: the best this CPU has)."""
+    return os.environ.get(ISA_SWITCH, "").strip() or None
+
+
+def unknown_isa() -> str | None:
+    """Why `ISA_SWITCH`'s value names no instruction set we have kernels for (naming what it accepts), or None."""
+    asked = forced_isa()
+    if asked is None or _isa_key(asked) in {_isa_key(isa.name) for isa in ISAS}:
+        return None
+    return (f"{ISA_SWITCH}={asked!r} names no instruction set we have kernels for (accepted: "
+            + ", ".join(isa.name.lower() for isa in ISAS) + ", or unset for the best this CPU has)")
+
+
+ISA_SWITCH = "VARIANTLAB_ISA"   # "avx2": the AVX2 kernels on an AVX-512 host (what an AVX2 machine runs)
+ISA = isa_for(cpu_flags(), forced_isa())   # this CPU's (None: neither)
 ISA_NAME = ISA.name if ISA else "CPU"   # in labels
 KERNELS = (ISA or AVX2).extension()
 
@@ -106,6 +128,10 @@ def missing_requirement(flags: set[str] | None = None) -> str | None:
     if platform.machine() not in ("x86_64", "AMD64") or platform.system() != "Linux":
         return f"needs x86-64 Linux (this is {platform.system()} {platform.machine()})"
     flags = cpu_flags() if flags is None else flags
+    if unknown_isa():
+        return unknown_isa()
+    if forced_isa() and isa_for(flags, forced_isa()) is None:
+        return f"{ISA_SWITCH}={forced_isa()} asks for kernels this CPU lacks the instructions of"
     if isa_for(flags) is None:
         missing = [f for f in AVX2.cpu_flags if f not in flags]
         return f"the CPU lacks {', '.join(missing)} (our kernels need AVX-512 with BF16 and VNNI, or AVX2 with FMA)"
