@@ -169,6 +169,7 @@ def trace(store_path: str, run_id: str, load: Load) -> list[str]:
 def reanalyse_kept(folders: list[str], conditions: str) -> None:
     """The runs kept in `folders`, judged as stored and afresh, per condition (conditions.json, else the runs in
     the order they were made, cycling through `conditions`)."""
+    from variantlab.measure.analysis import Comparison
     from variantlab.measure.runs import reanalyse
     from variantlab.store import Store
 
@@ -183,7 +184,6 @@ def reanalyse_kept(folders: list[str], conditions: str) -> None:
                 if row.status != "done":
                     continue
                 rounds, loaded = known.get(row.run_id, cycle[i % len(cycle)])
-                from variantlab.measure.analysis import Comparison
                 stored, afresh = Comparison.from_json(row.comparison), reanalyse(store, row)[0]
                 counts = table.setdefault((rounds, loaded), [[0, 0, 0], [0, 0, 0], 0.0, 0])
                 for k, comparison in enumerate((stored, afresh)):

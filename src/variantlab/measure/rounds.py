@@ -424,10 +424,10 @@ def paired_delta(base_rounds: Rounds, var_rounds: Rounds, statistic: Statistic =
     if spread is not None and spread.half_width(p, confidence) > half:
         half, method = spread.half_width(p, confidence), method + " and the run's process spread"
     low, high = m - half, m + half
-    dealt = _permuted_mean_interval(pairs, confidence, resamples, seed) \
+    tail = _permuted_mean_interval(pairs, confidence, resamples, seed) \
         if statistic is mean or statistic is np.mean else None
-    if dealt is not None and (dealt[0] < low or dealt[1] > high):
-        low, high, method = min(low, dealt[0]), max(high, dealt[1]), method + " and its samples dealt within rounds"
+    if tail is not None and (tail[0] < low or tail[1] > high):
+        low, high, method = min(low, tail[0]), max(high, tail[1]), method + " and its samples dealt within rounds"
     pct, low, high = (math.expm1(x) * 100.0 for x in (m, low, high))
     return Delta(pct=pct, low=low, high=high, significant=bool(low > 0.0 or high < 0.0), method=method, rounds=p)
 

@@ -11,7 +11,6 @@ model whose learned position table bounds the sequence).
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import json
 import struct

@@ -52,7 +52,7 @@ def settle_files(paths) -> tuple[int, int]:
     seen: set[Path] = set()
     files = size = 0
     for p in map(Path, paths):
-        for f in ([p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else []):
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
             f = f.resolve()
             if f in seen or not f.is_file():
                 continue
