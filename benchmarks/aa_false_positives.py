@@ -21,7 +21,9 @@ round order against the load's phase.
 
 Prints, per condition: the timing comparisons judged, how many were called significant, the share with its
 95% Wilson interval, those with no verdict (too few requests for a percentile, a warning that the rounds
-cannot separate the noise), and the largest gap between identical variants in any median row.
+cannot separate the noise), the largest gap between identical variants in any median row, and how many
+single-stream median rows had a gap between pooled medians beyond what chance alone gives in 95% of draws
+(each variant's requests drawn again, as many, from all of them together: the requests' own spread).
 """
 from __future__ import annotations
 
@@ -143,6 +145,49 @@ def median_gap(comparison) -> tuple[float, str]:
     return worst, where
 
 
+def request_figures(record) -> dict[str, list[float]]:
+    """A measurement's single-stream figures request by request (token gap by token gap for ITL)."""
+    out = next((o for o in record.outputs if o.kind == "single-stream"), None)
+    reqs = [r for p in (out.data.get("passes", ()) if out and not out.error else ()) for r in p.get("records", ())
+            if not r.get("error") and r.get("token_times")]
+    ttft = [r["token_times"][0] - r["send_time"] for r in reqs]
+    return {"E2EL p50": [r["end_time"] - r["send_time"] for r in reqs], "TTFT p50": ttft,
+            "TPOT p50": [(r["end_time"] - r["token_times"][0]) / (len(r["token_times"]) - 1)
+                         for r in reqs if len(r["token_times"]) > 1],
+            "ITL p50": [b - a for r in reqs for a, b in zip(r["token_times"], r["token_times"][1:])]}
+
+
+def chance_gap(store_path: str, run_id: str, draws: int = 2000, seed: int = 0) -> tuple[float, float, str, int]:
+    """Between identical variants' pooled single-stream medians (every round's requests together), per row: the
+    largest gap, in %, and the gap chance alone gives in 95% of draws (each variant's requests drawn again, as
+    many, from every variant's pooled together: a bootstrap of the null that they are one distribution). Returns
+    the row with the largest gap: (its gap, its chance bound, its name), and how many rows passed their bound.
+    A gap under the bound is the requests' own spread, not a difference a better bench could remove."""
+    import numpy as np
+
+    from variantlab.store import Store
+    per: dict[str, dict[str, list[float]]] = {}
+    with Store(store_path) as store:
+        for rec in store.records(run_id, kind="measure"):
+            for row, xs in request_figures(rec).items():
+                per.setdefault(row, {}).setdefault(rec.variant, []).extend(xs)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for row, by_variant in per.items():
+        sets = [np.asarray(v) for v in by_variant.values() if len(v)]
+        if len(sets) < 2:
+            continue
+        medians = [np.median(x) for x in sets]
+        pooled = np.concatenate(sets)
+        null = np.array([np.median(rng.choice(pooled, (draws, len(x))), axis=1) for x in sets])
+        null_gap = 100 * (null.max(axis=0) / null.min(axis=0) - 1)
+        rows.append((float(100 * (max(medians) / min(medians) - 1)), float(np.quantile(null_gap, 0.95)), row))
+    if not rows:
+        return 0.0, 0.0, "", 0
+    gap, bound, row = max(rows)
+    return gap, bound, row, sum(g > b for g, b, _ in rows)
+
+
 def trace(store_path: str, run_id: str, load: Load) -> list[str]:
     """Per variant and round: the share of its timed single-stream requests sent while the load ran, and their
     median E2EL."""
@@ -185,19 +230,22 @@ def reanalyse_kept(folders: list[str], conditions: str) -> None:
                     continue
                 rounds, loaded = known.get(row.run_id, cycle[i % len(cycle)])
                 stored, afresh = Comparison.from_json(row.comparison), reanalyse(store, row)[0]
-                counts = table.setdefault((rounds, loaded), [[0, 0, 0], [0, 0, 0], 0.0, 0])
+                counts = table.setdefault((rounds, loaded), [[0, 0, 0], [0, 0, 0], 0.0, 0, 0])
                 for k, comparison in enumerate((stored, afresh)):
                     for j, x in enumerate(judged(comparison)):
                         counts[k][j] += x
                 counts[2] = max(counts[2], median_gap(afresh)[0])
                 counts[3] += 1
-    print(f"{'rounds':>6} {'load':>5} {'runs':>5} {'as stored':>22} {'today':>22} {'median gap':>11}")
-    for (rounds, loaded), (was, now, gap, runs) in sorted(table.items()):
+                counts[4] += chance_gap(str(folder / "s.sqlite"), row.run_id)[3]
+    print(f"{'rounds':>6} {'load':>5} {'runs':>5} {'as stored':>22} {'today':>22} {'median gap':>11} "
+          f"{'over chance':>12}")
+    for (rounds, loaded), (was, now, gap, runs, over) in sorted(table.items()):
         cells = []
         for s_, n, _ in (was, now):
             lo, hi = wilson(s_, n)
             cells.append(f"{s_:>3}/{n:<4} {100 * s_ / max(n, 1):4.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]")
-        print(f"{rounds:>6} {'on' if loaded else 'off':>5} {runs:>5} {cells[0]:>22} {cells[1]:>22} {gap:>10.1f}%")
+        print(f"{rounds:>6} {'on' if loaded else 'off':>5} {runs:>5} {cells[0]:>22} {cells[1]:>22} {gap:>10.1f}% "
+              f"{over:>5} / {4 * runs:<4}")
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -218,6 +266,9 @@ def main() -> None:
     ap.add_argument("--load-cores", type=int, default=1, help="cores the switching load burns (default 1)")
     ap.add_argument("--isa", default=None, help="force these kernels (avx2: what an AVX2 machine runs)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--interleave", choices=("requests", "processes"), default="requests",
+                    help="the suite's interleave: variants taking turns request by request (the default), or one "
+                         "process after another")
     ap.add_argument("--keep", default=None, help="keep the runs and their store in this folder")
     ap.add_argument("--verbose", action="store_true", help="print every comparison called significant")
     ap.add_argument("--trace", action="store_true", help="print each round's load share and median E2EL")
@@ -241,12 +292,14 @@ def main() -> None:
     counts = {c: [0, 0, 0] for c in conditions}
     walls = {c: [] for c in conditions}
     gaps = {c: (0.0, "") for c in conditions}
+    chance: dict[tuple, list[int]] = {c: [] for c in conditions}
     load = Load(args.period, args.load_cores)
     try:
         with tempfile.TemporaryDirectory() as scratch:
             tmp = args.keep or scratch
             Path(tmp).mkdir(parents=True, exist_ok=True)
-            suite = dict(SUITE, threads=args.threads, output={"dir": f"{tmp}/runs", "store": f"{tmp}/s.sqlite"})
+            suite = dict(SUITE, threads=args.threads, interleave=args.interleave,
+                         output={"dir": f"{tmp}/runs", "store": f"{tmp}/s.sqlite"})
             path = Path(tmp) / "aa.yaml"
             path.write_text(yaml.safe_dump(suite))
             plan = plan_suite_file(path)
@@ -266,9 +319,12 @@ def main() -> None:
                         counts[(rounds, loaded)][k] += x
                     gap = median_gap(result.comparison)
                     gaps[(rounds, loaded)] = max(gaps[(rounds, loaded)], gap)
+                    pooled, by_chance, row, over = chance_gap(suite["output"]["store"], result.run_id)
+                    chance[(rounds, loaded)].append(over)
                     print(f"run {i + 1}: rounds {rounds}, load {'on ' if loaded else 'off'}: {s}/{n} timing "
-                          f"comparisons called significant, largest median gap {gap[0]:.1f}% ({gap[1]}) "
-                          f"({walls[(rounds, loaded)][-1]:.0f} s, run {result.run_id})", flush=True)
+                          f"comparisons called significant, largest median gap {gap[0]:.1f}% ({gap[1]}); "
+                          f"{row} {pooled:.1f}% where chance alone gives up to {by_chance:.1f}%, {over} of 4 rows "
+                          f"over chance ({walls[(rounds, loaded)][-1]:.0f} s, run {result.run_id})", flush=True)
                     if args.verbose:
                         for row in result.comparison.rows:
                             for v, d in row.deltas.items():
@@ -284,15 +340,20 @@ def main() -> None:
           f"kernels {ISA_NAME}, torch {os.environ.get('ATEN_CPU_CAPABILITY', 'default')} "
           f"(variantlab {variantlab.__version__})")
     print(f"{'rounds':>6} {'load':>5} {'significant':>12} {'share':>7} {'95% interval':>16} {'no verdict':>11} "
-          f"{'median gap':>11} {'wall/run':>9}")
+          f"{'median gap':>11} {'over chance':>12} {'wall/run':>9}")
     for (rounds, loaded), (s, n, none) in counts.items():
         lo, hi = wilson(s, n)
         share = s / n if n else math.nan
         wall = sum(walls[(rounds, loaded)]) / len(walls[(rounds, loaded)])
         print(f"{rounds:>6} {'on' if loaded else 'off':>5} {s:>5} / {n:<5} {100 * share:>6.1f}% "
-              f"[{100 * lo:5.1f}, {100 * hi:5.1f}]% {none:>11} {gaps[(rounds, loaded)][0]:>10.1f}% {wall:>8.0f}s")
+              f"[{100 * lo:5.1f}, {100 * hi:5.1f}]% {none:>11} {gaps[(rounds, loaded)][0]:>10.1f}% "
+              f"{sum(chance[(rounds, loaded)]):>5} / {4 * len(chance[(rounds, loaded)]):<4} "
+              f"{wall:>8.0f}s")
     print("goal: at most 5% significant over at least 200 comparisons at rounds 3 with the load on, "
           "and no median gap over 5%")
+    print("over chance: single-stream median rows (E2EL, TTFT, TPOT, ITL p50; 4 a run) whose largest gap between "
+          "pooled medians passed what chance alone gives in 95% of draws (each variant's requests drawn again from "
+          "all of them): about 5% of rows by chance")
 
 
 if __name__ == "__main__":

@@ -271,6 +271,10 @@ class Suite(_Frozen):
     order: Literal["random", "rotate"] = Field("random", description="random: shuffled every round, drawn afresh "
                                                                     "for every run (from the suite's seed and the "
                                                                     "run); rotate: A B C, B C A, …")
+    interleave: Literal["requests", "processes"] = Field(
+        "requests", description="requests: a round's variants stay resident and take the machine in turn, "
+                                "request by request (A B C A B C …), so that the host's drift over seconds lands "
+                                "on all alike; processes: one variant's process after another")
     seed: int = Field(0, ge=SEED_MIN, le=SEED_MAX)
     timeout_s: float = Field(900, gt=0, le=MAX_TIMEOUT_S, description="a variant still running after this is recorded "
                                                                       "as failed")

@@ -326,3 +326,115 @@ def test_the_real_worker_builds_a_variant(tmp_path, tiny_model_dir):
     assert record.bytes_on_disk == (artifact / "model.safetensors").stat().st_size
     assert record.facts["recipe"] == "bf16"
     assert stages[-1] == "saved"
+
+
+# ---------------------------------------------------------------- a round in turns (measure/turns.py)
+
+# A worker that takes TURNS_PLAN[its name]["turns"] turns, writing "NAME i" to TURNS_LOG after each go, then
+# ends as "then" says: a result (default), a crash (exit 4), or a hang.
+TURNS_WORKER = """
+import json, os, sys, time
+from variantlab.measure.turns import gate
+from variantlab.measure.wire import MeasurementRecord, TrackerResult, decode_job, encode_result
+job = decode_job(open(sys.argv[3], 'rb').read())
+name = job.variant["name"]
+plan = json.loads(os.environ["TURNS_PLAN"])[name]
+turn = gate() if job.turns else (lambda tag: 0.0)
+for i in range(plan["turns"]):
+    turn(f"request {i + 1}")
+    time.sleep(plan.get("work_s", 0))
+    with open(os.environ["TURNS_LOG"], "a") as f:
+        f.write(f"{name} {i + 1}\\n")
+if plan.get("then") == "crash":
+    print("RuntimeError: no more turns", file=sys.stderr)
+    sys.exit(4)
+if plan.get("then") == "hang":
+    time.sleep(120)
+r = MeasurementRecord(variant=name, round=job.round, status="ok", device=job.device,
+                      outputs=(TrackerResult(kind="memory", name="memory", data=%s),))
+open(sys.argv[4], "wb").write(encode_result(r, {}))
+""" % json.dumps(MEMORY)
+
+
+def run_round(tmp_path: Path, monkeypatch, plans: dict, timeout_s: float = 60, together: bool = True):
+    """The variants of `plans` (name → what its worker does) as one round in turns through run_all: (the log of
+    which worker ran after each go, the records by name, the order the tasks started in)."""
+    log = tmp_path / "log"
+    log.write_text("")
+    monkeypatch.setenv("TURNS_PLAN", json.dumps(plans))
+    monkeypatch.setenv("TURNS_LOG", str(log))
+    executor = LocalProcessExecutor(python=fake_python(tmp_path, TURNS_WORKER, shell=False))
+    tasks = [Task(name, job(variant={"name": name}, round=0), tmp_path / name) for name in plans]
+    if together:
+        tasks[0] = Task(tasks[0].label, tasks[0].job, tasks[0].workdir, together=len(tasks))
+    records, started = {}, []
+    executor.run_all(tasks, Limits(timeout_s), lambda t, rec, _: records.__setitem__(t.label, rec),
+                     on_start=lambda t: started.append(t.label))
+    return log.read_text().split("\n")[:-1], records, started
+
+
+def test_a_round_in_turns_hands_the_machine_to_one_worker_at_a_time_request_by_request(tmp_path, monkeypatch):
+    log, records, started = run_round(tmp_path, monkeypatch, {v: {"turns": 3} for v in "abc"})
+    assert log == ["a 1", "b 1", "c 1", "a 2", "b 2", "c 2", "a 3", "b 3", "c 3"]
+    assert started == ["a", "b", "c"]
+    assert {n: r.status for n, r in records.items()} == {"a": "ok", "b": "ok", "c": "ok"}
+    assert decode_job((tmp_path / "a" / "job.json").read_bytes()).turns
+    turns = [ln.split("\t") for ln in (tmp_path / "b" / "turns.txt").read_text().splitlines()]
+    assert [(int(n), tag) for n, tag, _ in turns] == [(2, "request 1"), (5, "request 2"), (8, "request 3")]
+
+
+def test_without_together_the_same_tasks_run_one_process_after_another(tmp_path, monkeypatch):
+    log, records, _ = run_round(tmp_path, monkeypatch, {v: {"turns": 2} for v in "ab"}, together=False)
+    assert log == ["a 1", "a 2", "b 1", "b 2"]
+    assert not decode_job((tmp_path / "a" / "job.json").read_bytes()).turns
+    assert all(r.status == "ok" for r in records.values())
+
+
+def test_a_worker_with_fewer_turns_ends_and_the_others_go_on_taking_theirs(tmp_path, monkeypatch):
+    log, records, _ = run_round(tmp_path, monkeypatch, {"a": {"turns": 1}, "b": {"turns": 3}, "c": {"turns": 0}})
+    assert log == ["a 1", "b 1", "b 2", "b 3"]
+    assert all(r.status == "ok" for r in records.values())
+
+
+def test_a_worker_that_crashes_in_a_round_is_failed_and_the_round_goes_on(tmp_path, monkeypatch):
+    log, records, _ = run_round(tmp_path, monkeypatch, {"a": {"turns": 2}, "b": {"turns": 1, "then": "crash"},
+                                                        "c": {"turns": 2}})
+    assert log == ["a 1", "b 1", "c 1", "a 2", "c 2"]
+    assert records["b"].status == "failed"
+    assert records["b"].reason == "worker exited with status 4: RuntimeError: no more turns"
+    assert records["a"].status == records["c"].status == "ok"
+
+
+def test_a_jobs_time_limit_counts_its_own_turns_not_its_waits(tmp_path, monkeypatch):
+    """b and c each work 2.4 s in all, under their 4 s limit, so a waits about 5 s for them in all: a finishes.
+    d hangs after its turn: it alone is ended, at its limit, and the round goes on."""
+    log, records, _ = run_round(tmp_path, monkeypatch, {"a": {"turns": 4}, "b": {"turns": 4, "work_s": 0.6},
+                                                        "c": {"turns": 4, "work_s": 0.6},
+                                                        "d": {"turns": 1, "then": "hang"}}, timeout_s=4)
+    assert {n: r.status for n, r in records.items()} == {"a": "ok", "b": "ok", "c": "ok", "d": "failed"}
+    assert records["d"].reason == ("exceeded its time limit: still running after 4 s of its own turns "
+                                   "(suite field timeout_s)")
+    assert log[-3:] == ["a 4", "b 4", "c 4"]
+
+
+def test_kill_ends_every_resident_worker_of_a_round(tmp_path, monkeypatch):
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("TURNS_PLAN", json.dumps({v: {"turns": 1, "then": "hang"} for v in "ab"}))
+    monkeypatch.setenv("TURNS_LOG", str(tmp_path / "log"))
+    executor = LocalProcessExecutor(python=fake_python(tmp_path, TURNS_WORKER, shell=False))
+    tasks = [Task(v, job(variant={"name": v}), tmp_path / v, together=2 if v == "a" else 1) for v in "ab"]
+    records = {}
+    runner = threading.Thread(target=executor.run_all,
+                              args=(tasks, Limits(120), lambda t, r, _: records.update({t.label: r})))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while len(executor._running) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = [p.pid for p in executor._running]
+    pids.write_text(" ".join(map(str, running)))
+    time.sleep(0.5)
+    executor.kill()
+    runner.join(timeout=30)
+    assert not runner.is_alive() and len(running) == 2
+    assert all(wait_gone(pid) for pid in running)
+    assert {r.status for r in records.values()} == {"failed"}

@@ -380,7 +380,7 @@ def test_every_variants_files_are_read_from_disk_once_before_the_rounds(tmp_path
     def run_all(tasks, limits, on_done, on_start=None):
         for t in tasks:
             if not isinstance(t.job, BuildJob):
-                measured.append(t.label)
+                measured.append(len(said))      # the notes said before the first measurement
                 raise KeyboardInterrupt
             folder = Path(t.job.artifact_dir)
             folder.mkdir(parents=True)
@@ -393,4 +393,40 @@ def test_every_variants_files_are_read_from_disk_once_before_the_rounds(tmp_path
                      events=Events(on_note=said.append))
     settled = [line for line in said if line.startswith("page cache:")]
     assert len(settled) == 1 and "the variants' 4 files (5.9 KiB) read from disk once" in settled[0]
-    assert measured and said.index(settled[0]) == len(said) - 1      # before any measurement
+    assert measured and said.index(settled[0]) < measured[0]      # before any measurement
+
+
+def test_a_round_in_turns_interleaves_the_variants_requests_and_leaves_the_waits_out_of_its_times(tmp_path):
+    suite = _write_suite(tmp_path, [{"name": "base"}, {"name": "half", "recipe": "bf16"}], rounds=1)
+    result = variantlab.bench(suite)
+    assert result.comparison.status == {"base": "ok", "half": "ok"}, result.comparison.reasons
+    turns = []
+    for name in ("base", "half"):
+        for line in (result.output_dir / "jobs" / f"{name}-r1" / "turns.txt").read_text().splitlines():
+            n, tag, _ = line.split("\t")
+            turns.append((int(n), name, tag))
+    turns.sort()
+    first = turns[0][1]
+    other = "half" if first == "base" else "base"
+    # each scenario's warm-up, each single-stream request and each offline pass, variant by variant in turn
+    tags = ["single-stream warm-up", *(f"single-stream request {i}" for i in (1, 2, 3)), "offline warm-up",
+            "offline pass 1", "offline pass 2"]
+    assert [(name, tag) for _, name, tag in turns] == [(v, t) for t in tags for v in (first, other)]
+    with Store(result.store_path) as store:
+        for rec in store.records(result.run_id, "measure"):
+            (p,) = rec.output("single-stream").data["passes"]
+            reqs = p["records"]
+            assert 0 < p["paused"] < p["end"] - p["start"]
+            busy = sum(r["end_time"] - r["send_time"] for r in reqs)
+            assert busy <= p["end"] - p["start"] - p["paused"]     # the requests' time is within the pass's own
+
+
+def test_a_round_runs_in_turns_only_with_a_local_executor_and_room_for_every_variant():
+    from variantlab.measure.runner import PROCESS_BYTES, why_not_in_turns
+    assert why_not_in_turns(True, [10 * 2**20] * 3, 64 * 2**30) is None
+    assert why_not_in_turns(True, [10 * 2**20] * 3, None) is None
+    assert "this executor runs each job on its own" in why_not_in_turns(False, [0, 0], 64 * 2**30)
+    need = 2 * (2**30 + PROCESS_BYTES)
+    why = why_not_in_turns(True, [2**30, 2**30], 2 * 2**30)
+    assert why == (f"holding every variant at once needs about {need / 2**30:.1f} GiB, and this machine has "
+                   "2.0 GiB available")

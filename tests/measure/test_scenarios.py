@@ -58,6 +58,9 @@ class Host:
     def progress(self, stage, fraction):
         pass
 
+    def turn(self, tag):
+        return 0.0
+
 
 def make(kind: str, clock, **spec):
     tracker = scenario_tracker(SCENARIO_SPECS[kind](type=kind, **spec), SETTINGS)
@@ -91,6 +94,61 @@ def test_single_stream_keeps_sending_until_its_minimum_duration():
     (p,) = out.passes
     assert len(p.records) == 5            # 5 tokens x 1/8 s = 0.625 s a request; 3 s needs 5
     assert p.end - p.start >= 3.0
+
+
+class TurnHost(Host):
+    """A worker in a round in turns: each turn waits `wait` seconds of the fake clock for the other variants."""
+
+    def __init__(self, backend, clock, wait=2.0):
+        super().__init__(backend)
+        self.clock, self.wait, self.tags = clock, wait, []
+
+    def turn(self, tag):
+        self.tags.append(tag)
+        self.clock.now += self.wait
+        return self.wait
+
+
+def test_in_turns_each_request_waits_its_turn_runs_once_untimed_and_the_pass_leaves_both_out():
+    clock = Clock()
+    backend = FakeBackend(clock)
+    host = TurnHost(backend, clock)
+    (p,) = make("single-stream", clock, requests=3, warmup=0, min_duration_s=1.5).run(host).passes
+    assert host.tags == ["single-stream warm-up"] + [f"single-stream request {i}" for i in (1, 2, 3)]
+    timed = backend.batches[-6:]          # the request before it (in full, untimed), then the request, each turn
+    assert [b[0].request_id for b in timed] == ["s9", "s0", "s0", "s1", "s1", "s2"]
+    assert all(b[0].max_new_tokens == 5 for b in timed)
+    # 3 requests of 0.625 s counted (min_duration_s counts them too: 1.875 s ≥ 1.5); 3 waits of 2 s and 3 rewarms
+    # of 0.625 s left out of the pass's time
+    assert p.paused == pytest.approx(3 * 2.625) and p.wall_time == pytest.approx(3 * 0.625)
+    assert p.to_pass("x").wall_time == pytest.approx(3 * 0.625)
+
+
+def test_in_turns_each_offline_pass_is_a_turn_after_a_short_batch():
+    clock = Clock()
+    backend = FakeBackend(clock)
+    host = TurnHost(backend, clock)
+    out = make("offline", clock, batch_size=4, passes=2, warmup=0).run(host)
+    assert host.tags == ["offline warm-up", "offline pass 1", "offline pass 2"]
+    assert [p.wall_time for p in out.passes] == [pytest.approx(3 * 0.625)] * 2     # 3 batches a pass, no wait
+    shorts = [b for b in backend.batches if b[0].max_new_tokens == 2]
+    assert len(shorts) == 2 + 2           # one per batch shape (4 and 2), then one before each pass
+
+
+def test_a_rewarm_runs_until_its_lead_in_has_passed_once_at_least():
+    from variantlab.measure.scenarios.common import rewarm
+    clock = Clock()
+    backend = FakeBackend(clock)
+    request = [scenario_request()]
+    rewarm(backend, request, clock=clock, lead_in_s=1.0)      # 0.625 s a run: two runs pass 1 s
+    assert len(backend.batches) == 2
+    rewarm(backend, request, full=False, clock=clock, lead_in_s=0.0)
+    assert len(backend.batches) == 3 and backend.batches[-1][0].max_new_tokens == 2
+
+
+def scenario_request():
+    from variantlab.measure.scenarios.common import requests_for
+    return requests_for(SAMPLES, 1, SETTINGS)[0]
 
 
 def test_offline_passes_cover_every_sample_once_in_batches():

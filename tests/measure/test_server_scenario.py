@@ -96,6 +96,9 @@ class Host:
     def progress(self, stage, fraction):
         pass
 
+    def turn(self, tag):
+        return 0.0
+
 
 def test_a_sweep_against_a_client_that_answers_on_other_threads():
     spec = ServerSpec(type="server", rates=[20, 40], arrivals="constant", duration_s=0.5, warmup_s=0.1, drain_s=5)

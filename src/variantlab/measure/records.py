@@ -59,16 +59,17 @@ class ScenarioPass:
     start_time: float
     end_time: float
     records: tuple[RequestRecord, ...] = field(default_factory=tuple)
+    paused: float = 0.0     # of the wall clock, while other variants took their turns, and the lead-ins after
 
     @property
     def wall_time(self) -> float:
-        return self.end_time - self.start_time
+        return self.end_time - self.start_time - self.paused
 
     def to_json(self) -> dict:
         return {"scenario": self.scenario, "start_time": self.start_time, "end_time": self.end_time,
-                "records": [r.to_json() for r in self.records]}
+                "records": [r.to_json() for r in self.records]} | ({"paused": self.paused} if self.paused else {})
 
     @classmethod
     def from_json(cls, d: dict) -> "ScenarioPass":
         return cls(d["scenario"], d["start_time"], d["end_time"],
-                   tuple(RequestRecord.from_json(r) for r in d["records"]))
+                   tuple(RequestRecord.from_json(r) for r in d["records"]), d.get("paused", 0.0))

@@ -8,7 +8,8 @@ before anything runs (VariantlabError). Then:
    built in a fresh worker — every variant, dtype ones too, so that each measurement loads weights
    already stored in its own dtype and cold start and memory compare like with like;
 2. round by round, in the plan's order, each variant is measured in a fresh worker; the once-per-
-   variant trackers run in its first good round;
+   variant trackers run in its first good round. With `interleave: requests` (the default) a round's
+   workers stay resident and take the machine in turn, request by request (measure/turns.py);
 3. every record is committed to the store the moment it arrives; the comparison is computed from
    the stored records (measure/analysis.py) and reported.
 A variant that fails is recorded with its reason and the others go on. An interrupted run
@@ -45,6 +46,32 @@ from .reference import ReferenceMissing, open_reference
 from .run_lock import run_lock
 from .runs import RESULTS_SCHEMA
 from .wire import BuildJob, BuildRecord, MeasureJob, TrackerJob
+
+
+PROCESS_BYTES = 640 * 2**20   # a measuring worker beside its weights (torch, the tokenizer, buffers): for interleave
+MEMORY_SHARE = 0.7            # of the memory available, what a round in turns may plan to hold
+
+
+def available_memory() -> int | None:
+    """Memory this machine has available now (psutil), or None where it cannot be read."""
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - no figure: nothing is refused for it
+        return None
+
+
+def why_not_in_turns(local: bool, weights: Sequence[int], free: int | None) -> str | None:
+    """Why a round cannot run in turns, or None: it needs an executor that keeps workers on this machine (`local`)
+    and room in memory for every variant at once (its artifact's bytes, `weights`, and PROCESS_BYTES a process)
+    within MEMORY_SHARE of what is `free` (unknown: nothing refused)."""
+    if not local:
+        return "this executor runs each job on its own, not a round's workers resident on this machine"
+    need = sum(weights) + PROCESS_BYTES * len(weights)
+    if free is not None and need > MEMORY_SHARE * free:
+        return (f"holding every variant at once needs about {format_bytes(need)}, and this machine has "
+                f"{format_bytes(free)} available")
+    return None
 
 
 class RunInterrupted(Exception):
@@ -413,22 +440,32 @@ class _Run:
         once_done = {r.variant for r in finished.values() if r.kind == "measure" and r.status == "ok" and r.ran_once}
         once_running: set[str] = set()
 
+        in_turns = self._in_turns(builds)
+
+        def task(name: str, r: int) -> Task:
+            run_once = name not in once_done and name not in once_running
+            if run_once:
+                once_running.add(name)
+            label = f"{name} · round {r + 1}/{plan.rounds}"
+            job = self._measure_job(name, r, builds[name], run_once)
+            if reference is not None and run_once:
+                job = job.model_copy(update={"reference_dir": str(reference.resolve()),
+                                             "same_checkpoint": self._same_checkpoint(name)})
+            return Task(label, job, self.out / "jobs" / f"{name}-r{r + 1}",
+                        lambda stage, f, label=label: self.events.on_progress(label, stage, f))
+
         def tasks():
             for r in range(plan.rounds):
-                for name in plan.order(r):
-                    if (name, "measure", r) in finished or builds[name].status != "ok":
-                        continue
-                    run_once = name not in once_done and name not in once_running
-                    if run_once:
-                        once_running.add(name)
-                    label = f"{name} · round {r + 1}/{plan.rounds}"
-                    job = self._measure_job(name, r, builds[name], run_once)
-                    if reference is not None and run_once:
-                        job = job.model_copy(update={"reference_dir": str(reference.resolve()),
-                                                     "same_checkpoint": self._same_checkpoint(name)})
-                    yield Task(label, job,
-                               self.out / "jobs" / f"{name}-r{r + 1}",
-                               lambda stage, f, label=label: self.events.on_progress(label, stage, f))
+                names = [name for name in plan.order(r)
+                         if (name, "measure", r) not in finished and builds[name].status == "ok"]
+                if not in_turns:        # each made as a slot frees: it sees every result before it
+                    yield from (task(name, r) for name in names)
+                    continue
+                # in turns: the round's tasks made at its start, which reads only the rounds before it
+                made = [task(name, r) for name in names]
+                if made:
+                    yield dataclasses.replace(made[0], together=len(made))
+                    yield from made[1:]
 
         def on_done(task: Task, record, blobs) -> None:
             self.store.put_record(self.run_id, record, blobs)
@@ -441,6 +478,18 @@ class _Run:
 
         self.executor.run_all(tasks(), Limits(plan.suite.timeout_s, plan.suite.max_memory_bytes), on_done,
                               on_start=lambda task: self.events.on_job(task.label))
+
+    def _in_turns(self, builds: dict[str, BuildRecord]) -> bool:
+        """Whether a round's variants stay resident and take turns (suite field interleave, measure/turns.py);
+        when the suite asks for it and it cannot be, a note says why."""
+        if self.plan.suite.interleave != "requests" or sum(b.status == "ok" for b in builds.values()) < 2:
+            return False
+        why = why_not_in_turns(isinstance(self.executor, LocalProcessExecutor),
+                               [b.bytes_on_disk or 0 for b in builds.values() if b.status == "ok"], available_memory())
+        if why is not None:
+            (self.events.on_note or to_stderr)(f"interleave: requests: {why}: the variants ran one process after "
+                                               "another (interleave: processes says so without this note)")
+        return why is None
 
     def _measure_job(self, name: str, r: int, build: BuildRecord, run_once: bool) -> MeasureJob:
         plan, suite = self.plan, self.plan.suite

@@ -87,6 +87,10 @@ class HostContext(Protocol):
 
     def progress(self, stage: str, fraction: float) -> None: ...
 
+    def turn(self, tag: str) -> float:
+        """Wait here while the round's other variants take their turn (measure/turns.py); the seconds waited.
+        A scenario calls it before its warm-up and before each timed request or pass."""
+
     def add_blob(self, data: bytes) -> str: ...
 
 

@@ -73,6 +73,8 @@ class MeasureJob(_Wire):
     writes_reference: bool = False          # written by this job (the baseline's reference job: scoring alone)
     same_checkpoint: bool = False           # the variant comes from the baseline's checkpoint: its tokenizer's
                                             # ids are the baseline's, so it is scored on the reference's ids
+    turns: bool = False                     # its round runs in turns: wait at each turn for the executor's go
+                                            # on stdin (measure/turns.py)
 
 
 Job = Union[BuildJob, MeasureJob]

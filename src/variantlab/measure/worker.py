@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backend_kinds import backend_kind
+from .turns import Turn, gate, no_turns
 from .process import (PROGRESS_PREFIX, failure_reason, process_clock,  # noqa: F401 (read from here too)
                       process_start_time, progress, status_of)
 from .wire import (BuildJob, BuildRecord, Job, MeasureJob, MeasurementRecord, TrackerResult, decode_job,
@@ -54,6 +55,7 @@ class Host:
     reference_dir: str | None = None
     writes_reference: bool = False
     same_checkpoint: bool = False
+    turn: Turn = no_turns       # a round in turns: wait for the executor's go (measure/turns.py)
 
     def progress(self, stage: str, fraction: float) -> None:
         progress(stage, fraction)
@@ -76,7 +78,7 @@ def run_measure(job: MeasureJob) -> tuple[MeasurementRecord, dict[str, bytes]]:
         opened = kind.open(job, t_start)
         host = Host(opened.backend, opened.built, job.samples, opened.device, opened.cold, opened.baseline_bytes,
                     reference_dir=job.reference_dir, writes_reference=job.writes_reference,
-                    same_checkpoint=job.same_checkpoint)
+                    same_checkpoint=job.same_checkpoint, turn=gate() if job.turns else no_turns)
         with opened.context():
             results, scenarios = run_trackers(host, job, remote=not kind.local_model,
                                               runtime=None if kind.torch_model else kind.runtime)

@@ -17,7 +17,7 @@ from ...spec_model import SpecModel
 from .. import metrics as m
 from ..tracker import MetricDef
 from ...sizes import MAX_REQUESTS, MAX_TOKENS, MAX_WARMUP
-from .common import PassOutput, Scenario, ScenarioOutput, labelled, warm_up
+from .common import PassOutput, Scenario, ScenarioOutput, labelled, take_turn, warm_up
 
 
 class LengthSweepSpec(SpecModel):
@@ -79,17 +79,21 @@ class LengthSweep(Scenario):
             raise ValueError("this backend takes no token-id prompts; the length sweep needs exact lengths")
         longest = prompt_of_length(backend, ctx.samples, max(s.lengths))  # each shorter prompt is its start
         prompts = {n: longest[:n] for n in s.lengths}
+        ctx.turn(f"{self.name} warm-up")
         warmed = warm_up(backend, [[self._request(f"len{n}", prompts[n], s.decode_tokens)] for n in s.lengths],
                          [[self._request(f"warmup-{w}", prompts[s.lengths[0]], s.decode_tokens)]
                           for w in range(s.warmup)])
         start = self.clock()
         records = []
+        paused = 0.0      # at turns, while other variants ran, and the lead-in after (measure/turns.py)
         total = len(s.lengths) * s.repeats
         for n in s.lengths:
             for r in range(s.repeats):
-                records += run_requests(backend, [self._request(f"len{n}-{r}", prompts[n], s.decode_tokens)])
+                request = [self._request(f"len{n}-{r}", prompts[n], s.decode_tokens)]
+                paused += take_turn(ctx, f"{self.name} length {n} repeat {r + 1}", backend, request, self.clock)
+                records += run_requests(backend, request)
                 ctx.progress(self.name, len(records) / total)
         shapes = f"1 × {', '.join(map(str, s.lengths))} prompt tokens, {s.decode_tokens} new"
         ctx.shapes.append(f"{self.name}: {shapes}")
-        return ScenarioOutput(passes=(PassOutput(start=start, end=self.clock(), records=tuple(records)),),
-                              shapes=shapes, warmed_shapes=warmed)
+        timed = PassOutput(start=start, end=self.clock(), paused=paused, records=tuple(records))
+        return ScenarioOutput(passes=(timed,), shapes=shapes, warmed_shapes=warmed)

@@ -3,7 +3,8 @@
 A pass's wall time is docs/metrics.md's single-task latency (the analysis's "6.8 min"). Passes repeat
 until both `passes` and `min_duration_s` are reached. Warm-up runs each batch of the pass once,
 short (prefill + one decode step), then `warmup` full batches. A backend that cannot batch gets
-the requests one at a time (its shapes note says so).
+the requests one at a time (its shapes note says so). In a round in turns (measure/turns.py) each
+pass is a turn of its own.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from .. import metrics as m
 from ..stats import mean
 from ..tracker import MetricDef
 from ...sizes import MAX_BATCH, MAX_DURATION_S, MAX_PASSES, MAX_WARMUP
-from .common import PassOutput, Scenario, ScenarioOutput, labelled, pass_rate, requests_for, shapes_text, warm_up
+from .common import (PassOutput, Scenario, ScenarioOutput, labelled, pass_rate, requests_for, shapes_text, take_turn,
+                     warm_up)
 
 
 class OfflineSpec(SpecModel):
@@ -57,7 +59,7 @@ class Offline(Scenario):
     def metrics(self) -> tuple[MetricDef, ...]:
         return labelled(self.name, (
             MetricDef("single_task_latency", "Single-task latency (whole dataset)", "s", True, "samples",
-                      lambda out: [p.end - p.start for p in out.passes], mean, headline=3, checks_stability=True),
+                      lambda out: [p.wall_time for p in out.passes], mean, headline=3, checks_stability=True),
             MetricDef("output_throughput", "Output throughput", "tok/s", False, "samples",
                       pass_rate(m.output_throughput), mean, headline=7, checks_stability=True),
             MetricDef("peak_throughput", "Peak throughput (best 1 s)", "tok/s", False, "samples",
@@ -72,10 +74,14 @@ class Offline(Scenario):
     def run(self, ctx) -> ScenarioOutput:
         backend, s = ctx.backend, self.spec
         batches = self._batches(backend, ctx.samples)
+        ctx.turn(f"{self.name} warm-up")
         warmed = warm_up(backend, batches, [batches[w % len(batches)] for w in range(s.warmup)])
         passes = []
         start = self.clock()
-        while len(passes) < s.passes or self.clock() - start < s.min_duration_s:
+        paused = 0.0
+        while len(passes) < s.passes or self.clock() - start - paused < s.min_duration_s:
+            # a pass is many batches: a short run of one brings the worker back after a turn
+            paused += take_turn(ctx, f"{self.name} pass {len(passes) + 1}", backend, batches[0], self.clock, full=False)
             t0 = self.clock()
             records = [rec for batch in batches for rec in run_requests(backend, batch)]
             passes.append(PassOutput(start=t0, end=self.clock(), records=tuple(records)))

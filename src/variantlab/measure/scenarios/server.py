@@ -251,6 +251,7 @@ class Server(Scenario):
 
     def run(self, ctx) -> ServerOutput:
         backend = ctx.backend
+        ctx.turn(self.name)     # its arrivals overlap: the whole scenario is one turn (measure/turns.py)
         if hasattr(backend, "submit"):          # an endpoint: it batches as it does
             client, close = backend, None
         else:
