@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from variantlab.measure.executor import run_one_at_a_time
 from variantlab.measure.plan import plan_suite_file
 from variantlab.pipeline import run_bench, run_plan
 from variantlab.measure.wire import BuildJob, BuildRecord, MeasurementRecord
@@ -165,7 +164,10 @@ class _FakeExecutor:
         return MeasurementRecord(variant=name, round=job.round, status="failed", reason="fake measurement"), {}
 
     def run_all(self, tasks, limits, on_done, on_start=None):
-        run_one_at_a_time(self, tasks, limits, on_done, on_start)
+        for task in tasks:       # one at a time, in the stream's order
+            if on_start:
+                on_start(task)
+            on_done(task, *self.run(task.job, task.workdir, limits, task.progress))
 
     def kill(self):
         pass
